@@ -1,0 +1,1 @@
+"""The paper's baselines, one module each, behind the same policy interface."""

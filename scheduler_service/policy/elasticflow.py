@@ -1,0 +1,267 @@
+"""ElasticFlow: MSS admission, greedy allocation of the rest, buddy placement.
+
+The policy keeps one plan per admitted deadline job, all reserved in a free
+timeline. Invariant, checked on every step: each guaranteed job's plan, from
+now on, covers its remaining iterations after paying for every restart it
+implies. Plans are replaced only by other plans that hold the same invariant,
+so an admitted job meets its deadline when throughputs are as profiled.
+
+With `admission=False` (the paper's ablation) nothing is rejected: a job that
+cannot be planned gets whatever its cap can still take before its deadline,
+in deadline order, and can crowd out later jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from scheduler_service.policy.admission import (
+    Candidate,
+    earliest_deadline,
+    placeable_throughout,
+    plan_all,
+    plan_one,
+)
+from scheduler_service.policy.allocation import grow
+from scheduler_service.policy.interface import (
+    Decision,
+    RejectReason,
+    SchedulingPolicy,
+    SchedulingReply,
+    SchedulingRequest,
+)
+from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.overhead import PAPER_OVERHEAD
+from scheduler_service.policy.placement import Placement
+from scheduler_service.policy.plan import Plan, cover, fill
+from scheduler_service.policy.timeline import Timeline
+from scheduler_service.policy.topology import Topology
+
+
+class ElasticFlowPolicy(SchedulingPolicy):
+    name = "elasticflow"
+
+    def __init__(
+        self, topology: Topology, interval: float = 60.0, overhead=PAPER_OVERHEAD, admission: bool = True
+    ) -> None:
+        super().__init__(topology, interval, overhead)
+        self.admission = admission
+        self.timeline = Timeline(topology.num_gpus)
+        self.jobs: dict[str, Job] = {}
+        self.levels: dict[str, tuple[int, ...]] = {}
+        self.plans: dict[str, Plan] = {}  # deadline jobs with a reservation
+        self.guaranteed: set[str] = set()  # those whose plan meets the deadline
+
+    # -- the one entry point -------------------------------------------------
+    def schedule(self, request: SchedulingRequest) -> SchedulingReply:
+        now = request.now
+        slot = self.clock.slot_of(now)
+        status = dict(request.status)
+        for job_id in request.finished:
+            self._forget(job_id, slot)
+        self.timeline.advance(slot)
+        for job_id in [j for j in self.plans if self.jobs[j].deadline <= now]:  # type: ignore[operator]
+            self._demote(job_id, slot)  # a missed deadline: keep training, best-effort
+        decisions = []
+        for job in sorted(request.arrivals, key=lambda j: (j.submit_time, j.job_id)):
+            status.setdefault(job.job_id, JobStatus(job.iterations))
+            decisions.append(self._arrive(job, slot, status))
+        alloc = self._allocate(slot, status)
+        placement = self._place(slot, alloc, status)
+        wake = self._next_rise(slot, alloc)
+        return SchedulingReply(
+            decisions=decisions,
+            allocation=alloc,
+            placement=placement,
+            wake_at=None if wake is None else wake * self.clock.interval,
+            projected_finish=self.projected_finish(self.jobs, alloc, status, now),
+        )
+
+    # -- admission -----------------------------------------------------------
+    def levels_for(self, job: Job) -> tuple[int, ...]:
+        """The GPU counts this policy may give the job: every useful power of two."""
+        return job.curve.capped(self.topology.max_job_gpus)
+
+    def _candidate(self, job_id: str, status: Mapping[str, JobStatus]) -> Candidate:
+        return Candidate(self.jobs[job_id], status[job_id], self.levels[job_id])
+
+    def _arrive(self, job: Job, slot: int, status: dict[str, JobStatus]) -> Decision:
+        levels = self.levels_for(job)
+        if not levels:
+            return self._reject(job, RejectReason.NO_USABLE_GPU_COUNT,
+                                f"no measured GPU count of {job.model or 'this model'} fits the cluster")
+        self.levels[job.job_id] = levels
+        if job.deadline is None:
+            self.jobs[job.job_id] = job
+            return Decision(job_id=job.job_id, admitted=True, message="best-effort: runs on spare GPUs")
+        now = slot * self.clock.interval
+        if job.deadline <= now:
+            return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed")
+        cand = Candidate(job, status[job.job_id], levels)
+        if not self.admission:
+            self.jobs[job.job_id] = job
+            self._replan_in_deadline_order(slot, status)
+            plan = self.plans[job.job_id]
+            if job.job_id in self.guaranteed:
+                return self._admit(job, plan)
+            return Decision(job_id=job.job_id, admitted=True, share=plan.share,
+                            message="admitted without a guarantee (admission control is off)")
+        empty = Timeline(self.topology.num_gpus, slot)
+        if plan_one(cand, slot, empty, self.clock) is None:
+            return self._reject(
+                job, RejectReason.INFEASIBLE_ALONE,
+                f"even the whole cluster at {levels[-1]} GPUs cannot finish {job.iterations:.0f} iterations in time",
+                earliest_deadline(cand, slot, empty, self.clock),
+            )
+        plan = plan_one(cand, slot, self.timeline, self.clock)
+        if plan is not None and placeable_throughout(plan, self.plans, self.topology.num_gpus):
+            self._reserve(job, plan, guaranteed=True)
+            return self._admit(job, plan)
+        replanned = plan_all(
+            [self._candidate(j, status) for j in self.guaranteed] + [cand], slot, self.topology.num_gpus, self.clock
+        )
+        if not isinstance(replanned, str):
+            self._adopt(job, replanned)
+            return self._admit(job, self.plans[job.job_id])
+        return self._reject(
+            job, RejectReason.INSUFFICIENT_CAPACITY,
+            f"the GPUs it would need before its deadline are reserved by {len(self.guaranteed)} admitted jobs",
+            earliest_deadline(cand, slot, self.timeline, self.clock),
+        )
+
+    def _replan_in_deadline_order(self, slot: int, status: Mapping[str, JobStatus]) -> None:
+        """Without admission control: every deadline job, in deadline order,
+        gets its MSS if it still has one, else all its cap can take before its
+        deadline, at the expense of later jobs (EDF's domino effect)."""
+        timeline = Timeline(self.topology.num_gpus, slot)
+        self.plans, self.guaranteed = {}, set()
+        deadline_jobs = [j for j in self.jobs.values() if j.deadline is not None and j.deadline > slot * self.clock.interval]
+        for job in sorted(deadline_jobs, key=lambda j: (j.deadline, j.submit_time, j.job_id)):
+            cand = self._candidate(job.job_id, status)
+            plan = plan_one(cand, slot, timeline, self.clock)
+            if plan is None:
+                top = cand.levels[-1]
+                runs, _ = fill(job.curve, cand.levels, cand.status.remaining, slot, job.deadline, top,  # type: ignore[arg-type]
+                               timeline, cand.status.gpus, cand.status.overhead_left, self.clock)
+                plan = Plan(runs, top)
+            else:
+                self.guaranteed.add(job.job_id)
+            timeline.add(plan.runs)
+            self.plans[job.job_id] = plan
+        self.timeline = timeline
+
+    def _admit(self, job: Job, plan: Plan) -> Decision:
+        finish = min(plan.end * self.clock.interval, job.deadline or 0.0)
+        return Decision(
+            job_id=job.job_id, admitted=True, guaranteed=True, share=plan.share, guaranteed_finish=finish,
+            message=f"admitted with a minimum satisfactory share of {plan.share} GPU(s)",
+        )
+
+    @staticmethod
+    def _reject(job: Job, reason: RejectReason, message: str, earliest: float | None = None) -> Decision:
+        return Decision(job_id=job.job_id, admitted=False, reason=reason, message=message,
+                        earliest_feasible_deadline=earliest)
+
+    def _reserve(self, job: Job, plan: Plan, guaranteed: bool) -> None:
+        self.jobs[job.job_id] = job
+        self.plans[job.job_id] = plan
+        self.timeline.add(plan.runs)
+        if guaranteed:
+            self.guaranteed.add(job.job_id)
+
+    def _adopt(self, job: Job, replanned: tuple[Timeline, dict[str, Plan]]) -> None:
+        timeline, plans = replanned
+        self.timeline = timeline
+        self.jobs[job.job_id] = job
+        self.plans.update(plans)
+        self.guaranteed.add(job.job_id)
+
+    def _forget(self, job_id: str, slot: int) -> None:
+        plan = self.plans.pop(job_id, None)
+        if plan is not None:
+            self.timeline.add(plan.runs, sign=-1, since=slot)
+        self.guaranteed.discard(job_id)
+        self.jobs.pop(job_id, None)
+        self.levels.pop(job_id, None)
+
+    def _demote(self, job_id: str, slot: int) -> None:
+        job = self.jobs[job_id]
+        self._forget(job_id, slot)
+        self.jobs[job_id] = job
+        self.levels[job_id] = self.levels_for(job)
+
+    # -- allocation ----------------------------------------------------------
+    def _safe(
+        self, job_id: str, gpus: int, slot: int, own: JobStatus, status: Mapping[str, JobStatus] | None = None
+    ) -> bool:
+        """Granting `gpus` now keeps the plan sufficient, restarts included (see allocation.py)."""
+        if job_id not in self.guaranteed:
+            return True
+        job, plan, st = self.jobs[job_id], self.plans[job_id], own
+        speed, overhead = job.curve.points, self.clock.overhead
+        now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
+        later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)
+        have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
+        return st.remaining + now_cost + later_cost <= have
+
+    def _place(self, slot: int, alloc: dict[str, int], status: Mapping[str, JobStatus]) -> Placement:
+        """Place the allocation; if that would move a job that cannot afford a
+        restart, give back the largest new grant of spare GPUs and try again."""
+        pinned = self._pinned(slot, alloc, status)
+        while True:
+            before = self.placer.snapshot()
+            placement = self.placer.place(alloc, pinned)
+            if not placement.moved & pinned:
+                return placement
+            base = {j: (self.plans[j].gpus_at(slot) if j in self.plans else 0) for j in alloc}
+            grants = [j for j, gpus in alloc.items() if gpus > base[j]]
+            if not grants:
+                return placement  # the plans themselves need the move
+            self.placer.restore(before)
+            # New grants go back first, then extras a job already held; largest first.
+            job_id = max(grants, key=lambda j: (alloc[j] != status[j].gpus, alloc[j] - base[j], j))
+            alloc[job_id] = base[job_id]
+
+    def _pinned(self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus]) -> set[str]:
+        """Guaranteed jobs that could not absorb an unplanned restart (a migration) now."""
+        pinned = set()
+        for job_id in self.guaranteed:
+            gpus = alloc.get(job_id, 0)
+            if gpus and gpus == status[job_id].gpus and not self._can_restart(job_id, gpus, slot, status):
+                pinned.add(job_id)
+        return pinned
+
+    def _can_restart(self, job_id: str, gpus: int, slot: int, status: Mapping[str, JobStatus]) -> bool:
+        job, plan, st = self.jobs[job_id], self.plans[job_id], status[job_id]
+        if gpus == plan.gpus_at(slot):
+            # Following the plan, but paying a fresh restart for the run under way.
+            return cover(plan, job.curve, slot, job.deadline, -1, 0.0, self.clock) >= st.remaining  # type: ignore[arg-type]
+        return self._safe(job_id, gpus, slot, JobStatus(st.remaining, -1, 0.0), status)
+
+    def _allocate(self, slot: int, status: Mapping[str, JobStatus]) -> dict[str, int]:
+        alloc = {job_id: plan.gpus_at(slot) for job_id, plan in self.plans.items()}
+        spare = self.topology.num_gpus - sum(alloc.values())
+        assert spare >= 0, "plans over-reserve the cluster"
+
+        def safe(job_id: str, gpus: int) -> bool:
+            return self._safe(job_id, gpus, slot, status[job_id])
+
+        deadline_jobs = sorted(self.plans, key=lambda j: (self.jobs[j].deadline, j))
+        spare = grow(deadline_jobs, self.jobs, self.levels, status, alloc, spare, safe)
+        best_effort = sorted((j for j in self.jobs if j not in self.plans),
+                             key=lambda j: (self.jobs[j].submit_time, j))
+        for job_id in best_effort:
+            alloc.setdefault(job_id, 0)
+        grow(best_effort, self.jobs, self.levels, status, alloc, spare, safe)
+        return alloc
+
+    def _next_rise(self, slot: int, alloc: Mapping[str, int]) -> int | None:
+        rises = [r for j, plan in self.plans.items() if (r := plan.next_rise(slot, alloc.get(j, 0))) is not None]
+        return min(rises, default=None)
+
+
+class ElasticFlowNoAdmission(ElasticFlowPolicy):
+    name = "elasticflow-noadmit"
+
+    def __init__(self, topology: Topology, interval: float = 60.0, overhead=PAPER_OVERHEAD) -> None:
+        super().__init__(topology, interval, overhead, admission=False)

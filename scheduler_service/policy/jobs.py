@@ -1,0 +1,87 @@
+"""Jobs and their throughput curves: the only facts the policy knows about a job.
+
+Kept as frozen slotted dataclasses rather than pydantic models because the
+simulator creates and reads them millions of times; the boundaries (trace
+files, the service) validate with pydantic before building them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputCurve:
+    """Iterations per second of one model at one global batch size, by GPU count.
+
+    Only power-of-two counts are measured (compact buddy placements). Levels
+    past which throughput stops growing are useless to a scheduler (more GPUs,
+    no more speed), so `levels` keeps only the counts where speed strictly
+    grows: that makes every planning step monotone, which the admission
+    guarantee relies on.
+    """
+
+    points: Mapping[int, float]
+    levels: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        kept: list[int] = []
+        best = 0.0
+        for gpus in sorted(self.points):
+            speed = self.points[gpus]
+            if is_power_of_two(gpus) and speed > best:
+                kept.append(gpus)
+                best = speed
+        if not kept:
+            raise ValueError("a throughput curve needs at least one positive power-of-two point")
+        object.__setattr__(self, "levels", tuple(kept))
+
+    def speed(self, gpus: int) -> float:
+        """Iterations/s on `gpus` GPUs (0 for 0 GPUs)."""
+        return self.points[gpus] if gpus else 0.0
+
+    def capped(self, max_gpus: int) -> tuple[int, ...]:
+        """The useful levels that fit in `max_gpus` GPUs."""
+        return tuple(g for g in self.levels if g <= max_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training job as the scheduler sees it.
+
+    `deadline` is absolute seconds on the same clock as `submit_time`; None
+    makes the job best-effort (always admitted, never reserved).
+    `requested_gpus` is what a server-centric user would have asked for: the
+    baselines use it, ElasticFlow ignores it.
+    """
+
+    job_id: str
+    submit_time: float
+    iterations: float
+    deadline: float | None
+    curve: ThroughputCurve
+    requested_gpus: int = 1
+    model: str = ""
+    batch_size: int = 0
+
+    @property
+    def best_effort(self) -> bool:
+        return self.deadline is None
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Where a job stands now: what is left and what it runs on.
+
+    `overhead_left` is the part of a restart still being paid (seconds in
+    which the job holds GPUs but makes no progress).
+    """
+
+    remaining: float
+    gpus: int = 0
+    overhead_left: float = 0.0

@@ -1,0 +1,198 @@
+"""Plans and the Minimum Satisfactory Share (MSS).
+
+A plan says how many GPUs a job holds in each future slot. Plans are built by
+the paper's progressive filling: at a cap q, walk the free timeline backwards
+from the deadline, taking min(q, what is free) in each slot, until the job's
+remaining iterations are covered; the smallest q that covers is the MSS.
+Because throughput is concave in GPUs, fewer GPUs for longer is the cheapest
+plan in GPU-time, which leaves the most room for jobs that arrive later.
+
+Every maximal run of constant width pays one restart overhead at its start,
+except a run that begins now at the width the job already runs at. Charging
+that conservatively is what lets an admitted plan hold when it is executed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from scheduler_service.policy.jobs import ThroughputCurve
+
+if TYPE_CHECKING:
+    from scheduler_service.policy.timeline import Timeline
+
+# Relative slack on every coverage test, so float rounding never turns an
+# exactly-covered plan into a deadline miss.
+COVER_SLACK = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """`gpus` GPUs held over slots [start, end)."""
+
+    start: int
+    end: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    runs: tuple[Run, ...]  # ascending, non-overlapping; gaps hold nothing
+    share: int  # the cap q that produced it: the job's MSS level
+
+    def gpus_at(self, slot: int) -> int:
+        for run in self.runs:
+            if run.start <= slot < run.end:
+                return run.gpus
+            if run.start > slot:
+                break
+        return 0
+
+    def next_rise(self, slot: int, above: int) -> int | None:
+        """First slot after `slot` where the plan wants more than `above` GPUs."""
+        for run in self.runs:
+            if run.end > slot + 1 and run.gpus > above:
+                return max(run.start, slot + 1)
+        return None
+
+    @property
+    def end(self) -> int:
+        return self.runs[-1].end if self.runs else 0
+
+    def future(self, slot: int) -> tuple[Run, ...]:
+        return tuple(r for r in self.runs if r.end > slot)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClock:
+    """Slot length and restart cost: the two facts that turn runs into work."""
+
+    interval: float
+    overhead: Callable[[int], float]
+
+    def slot_of(self, seconds: float) -> int:
+        return math.floor(seconds / self.interval + 1e-9)
+
+    def slot_after(self, seconds: float) -> int:
+        """The first slot boundary at or after `seconds`."""
+        return math.ceil(seconds / self.interval - 1e-9)
+
+
+def floor_level(levels: tuple[int, ...], gpus: int) -> int:
+    for level in reversed(levels):
+        if level <= gpus:
+            return level
+    return 0
+
+
+def _work(curve: ThroughputCurve, gpus: int, seconds: float, charge: float) -> float:
+    return curve.points[gpus] * max(0.0, seconds - charge)
+
+
+def cover(
+    plan: Plan,
+    curve: ThroughputCurve,
+    now_slot: int,
+    deadline: float,
+    current_gpus: int,
+    overhead_left: float,
+    clock: SlotClock,
+) -> float:
+    """Iterations the plan delivers from `now_slot` to the deadline.
+
+    A run already under way at the job's current width is charged only the
+    unpaid rest of its restart; every other run pays a full restart.
+    """
+    dt = clock.interval
+    total = 0.0
+    for run in plan.runs:
+        if run.end <= now_slot:
+            continue
+        start = max(run.start, now_slot)
+        seconds = min(run.end * dt, deadline) - start * dt
+        if start == now_slot and run.gpus == current_gpus:
+            charge = overhead_left
+        else:
+            charge = clock.overhead(run.gpus)
+        total += _work(curve, run.gpus, seconds, charge)
+    return total
+
+
+def fill(
+    curve: ThroughputCurve,
+    levels: tuple[int, ...],
+    need: float,
+    now_slot: int,
+    deadline: float,
+    cap: int,
+    timeline: Timeline,
+    current_gpus: int,
+    overhead_left: float,
+    clock: SlotClock,
+) -> tuple[tuple[Run, ...], float]:
+    """Progressive filling at cap `cap`: the latest-starting plan that covers
+    `need`, or the most the timeline allows if nothing covers it.
+
+    Returns the runs (ascending) and the iterations they deliver.
+    """
+    dt = clock.interval
+    end_slot = clock.slot_after(deadline)
+    if end_slot <= now_slot or need <= 0:
+        return (), 0.0
+    need *= 1 + COVER_SLACK
+    runs: list[Run] = []  # built latest first
+    closed = 0.0
+    run_gpus = 0
+    run_end = end_slot
+    for a, b, free in timeline.backward(now_slot, end_slot):
+        g = floor_level(levels, min(cap, free))
+        if g != run_gpus:
+            if run_gpus:
+                seconds = min(run_end * dt, deadline) - b * dt
+                closed += _work(curve, run_gpus, seconds, clock.overhead(run_gpus))
+                runs.append(Run(b, run_end, run_gpus))
+            run_gpus, run_end = g, b
+        if not g:
+            continue
+        speed = curve.points[g]
+        ov = clock.overhead(g)
+        end_s = min(run_end * dt, deadline)
+        start = math.floor((end_s - (need - closed) / speed - ov) / dt)
+        if start >= a and start > now_slot:
+            runs.append(Run(start, run_end, g))
+            runs.reverse()
+            return tuple(runs), closed + _work(curve, g, end_s - start * dt, ov)
+    if run_gpus:  # the earliest run reaches now
+        seconds = min(run_end * dt, deadline) - now_slot * dt
+        charge = overhead_left if run_gpus == current_gpus else clock.overhead(run_gpus)
+        closed += _work(curve, run_gpus, seconds, charge)
+        runs.append(Run(now_slot, run_end, run_gpus))
+    runs.reverse()
+    return tuple(runs), closed
+
+
+def minimum_satisfactory_share(
+    curve: ThroughputCurve,
+    levels: tuple[int, ...],
+    need: float,
+    now_slot: int,
+    deadline: float,
+    timeline: Timeline,
+    current_gpus: int,
+    overhead_left: float,
+    clock: SlotClock,
+) -> Plan | None:
+    """The MSS plan, or None when no cap meets the deadline on this timeline."""
+    if not levels:
+        return None
+    args = (now_slot, deadline)
+    top_runs, top_work = fill(curve, levels, need, *args, levels[-1], timeline, current_gpus, overhead_left, clock)
+    if top_work < need * (1 + COVER_SLACK):
+        return None  # even the widest cap fails: no need to try the narrower ones
+    for cap in levels[:-1]:
+        runs, work = fill(curve, levels, need, *args, cap, timeline, current_gpus, overhead_left, clock)
+        if work >= need * (1 + COVER_SLACK):
+            return Plan(runs, cap)
+    return Plan(top_runs, levels[-1])

@@ -1,0 +1,1 @@
+"""Trace-driven simulator: runs the very same policy objects as the service."""

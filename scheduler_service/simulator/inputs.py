@@ -1,0 +1,192 @@
+"""Reading traces, cluster specs and throughput curves, with errors a person can fix.
+
+Every problem is reported as one line naming the file, the row and the field,
+and nothing is simulated from a half-read input.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from scheduler_service.policy.jobs import Job, ThroughputCurve
+from scheduler_service.policy.topology import Topology
+
+PAPER_COLUMNS = {"job_id", "submit_time", "model_name", "ddl", "batch_size", "num_gpu"}
+ITP_COLUMNS = {"job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu"}
+
+
+class InputError(ValueError):
+    """Bad input file: the message is one line naming file, row and field."""
+
+    def __init__(self, path: Path | str, row: int | None, field: str | None, problem: str) -> None:
+        where = f"{path}"
+        if row is not None:
+            where += f", row {row}"
+        if field is not None:
+            where += f", field '{field}'"
+        super().__init__(f"{where}: {problem}")
+
+
+class TraceRow(BaseModel):
+    """One job of a trace, in either schema, after validation."""
+
+    job_id: str = Field(min_length=1)
+    submit_time: float = Field(ge=0)
+    iterations: float = Field(gt=0)
+    model_name: str = Field(min_length=1)
+    deadline: float | None
+    batch_size: int = Field(gt=0)
+    num_gpu: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _deadline_after_submit(self) -> "TraceRow":
+        if self.deadline is not None and self.deadline <= self.submit_time:
+            raise ValueError("deadline must be after submit time")
+        return self
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames is None:
+                raise InputError(path, None, None, "empty file")
+            yield 1, {name: name for name in reader.fieldnames}  # header, for column checks
+            for number, row in enumerate(reader, start=2):
+                yield number, row
+    except OSError as exc:
+        raise InputError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(path, None, None, "not a text CSV file") from None
+
+
+def load_throughputs(directory: Path) -> dict[tuple[str, int], ThroughputCurve]:
+    """Curves keyed by (model, global batch size) from DIR/MODEL.csv files."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(directory, None, None, "throughput directory not found")
+    curves: dict[tuple[str, int], ThroughputCurve] = {}
+    for path in sorted(directory.glob("*.csv")):
+        model = path.stem
+        rows = _rows(path)
+        _, header = next(rows)
+        if "global_batch_size" not in header:
+            raise InputError(path, 1, "global_batch_size", "missing column")
+        counts = []
+        for name in header:
+            if name == "global_batch_size":
+                continue
+            if not name.isdigit():
+                raise InputError(path, 1, name, "GPU-count columns must be integers")
+            counts.append(name)
+        for number, row in rows:
+            try:
+                batch = int(row["global_batch_size"])
+            except (TypeError, ValueError):
+                raise InputError(path, number, "global_batch_size", f"not an integer: {row['global_batch_size']!r}") from None
+            points: dict[int, float] = {}
+            for name in counts:
+                text = (row.get(name) or "").strip()
+                if not text:
+                    continue  # not measured
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise InputError(path, number, name, f"not a number: {text!r}") from None
+                if math.isfinite(value) and value > 0:
+                    points[int(name)] = value
+            if points:
+                curves[(model, batch)] = ThroughputCurve(points)
+    if not curves:
+        raise InputError(directory, None, None, "no throughput CSV files with positive values")
+    return curves
+
+
+def load_cluster(path: Path) -> Topology:
+    path = Path(path)
+    rows = _rows(path)
+    _, header = next(rows)
+    for name in ("num_switch", "num_node_p_switch", "num_gpu_p_node"):
+        if name not in header:
+            raise InputError(path, 1, name, "missing column")
+    for number, row in rows:
+        values = {}
+        for name in ("num_switch", "num_node_p_switch", "num_gpu_p_node"):
+            try:
+                values[name] = int(row[name])
+            except (TypeError, ValueError):
+                raise InputError(path, number, name, f"not an integer: {row[name]!r}") from None
+        try:
+            return Topology(values["num_switch"], values["num_node_p_switch"], values["num_gpu_p_node"])
+        except ValueError as exc:
+            raise InputError(path, number, None, str(exc)) from None
+    raise InputError(path, None, None, "no cluster row")
+
+
+def _pick(row: dict[str, str], *names: str) -> tuple[str, str | None]:
+    for name in names:
+        if name in row:
+            return name, row[name]
+    return names[0], None
+
+
+def load_trace(path: Path, curves: dict[tuple[str, int], ThroughputCurve]) -> list[Job]:
+    """Jobs of a trace in the paper's schema or the ITP clusters' schema."""
+    path = Path(path)
+    rows = _rows(path)
+    _, header = next(rows)
+    itp = "submission_time" in header
+    required = ITP_COLUMNS if itp else PAPER_COLUMNS
+    for name in sorted(required):
+        if name not in header:
+            raise InputError(path, 1, name, "missing column")
+    if not itp and "iteration" not in header:
+        raise InputError(path, 1, "iteration", "missing column")
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    for number, row in rows:
+        best_effort = (row.get("best_effort") or "0").strip() == "1"
+        fields = {
+            "job_id": _pick(row, "job_id"),
+            "submit_time": _pick(row, "submission_time", "submit_time"),
+            "iterations": _pick(row, "num_iteration", "iteration"),
+            "model_name": _pick(row, "model_name"),
+            "deadline": _pick(row, "deadline", "ddl"),
+            "batch_size": _pick(row, "batch_size"),
+            "num_gpu": _pick(row, "num_gpu"),
+        }
+        values = {key: value for key, (_, value) in fields.items()}
+        if best_effort:
+            values["deadline"] = None
+        try:
+            parsed = TraceRow.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = str(err["loc"][0]) if err["loc"] else "deadline"
+            column = fields.get(key, (key, None))[0]
+            raise InputError(path, number, column, err["msg"]) from None
+        if parsed.job_id in seen:
+            raise InputError(path, number, "job_id", f"duplicate job id {parsed.job_id!r}")
+        seen.add(parsed.job_id)
+        curve = curves.get((parsed.model_name, parsed.batch_size))
+        if curve is None:
+            known = sorted({m for m, _ in curves})
+            if parsed.model_name not in known:
+                raise InputError(path, number, "model_name",
+                                 f"no throughput curve for model {parsed.model_name!r} (known: {', '.join(known)})")
+            sizes = sorted(b for m, b in curves if m == parsed.model_name)
+            raise InputError(path, number, "batch_size",
+                             f"no throughput row for {parsed.model_name} at batch size {parsed.batch_size} (measured: {sizes})")
+        jobs.append(Job(
+            job_id=parsed.job_id, submit_time=parsed.submit_time, iterations=parsed.iterations,
+            deadline=parsed.deadline, curve=curve, requested_gpus=parsed.num_gpu,
+            model=parsed.model_name, batch_size=parsed.batch_size,
+        ))
+    if not jobs:
+        raise InputError(path, None, None, "the trace has no jobs")
+    return jobs

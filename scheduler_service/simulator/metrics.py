@@ -1,0 +1,52 @@
+"""Summary figures of a simulation, as the paper reports them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from scheduler_service.simulator.engine import Run
+
+
+class PolicyResult(BaseModel):
+    policy: str
+    trace: str = ""
+    cluster: str = ""
+    interval_s: float = 60.0
+    jobs: int
+    deadline_jobs: int
+    best_effort_jobs: int
+    met_deadline: int
+    deadline_ratio: float  # met / deadline jobs; rejected ones count as missed
+    admitted: int
+    rejected: int
+    admitted_missed: int  # admitted deadline jobs that still missed
+    avg_jct_s: float | None  # finished jobs, submit to finish
+    gpu_utilization: float  # GPU-seconds held / (GPUs x makespan)
+    makespan_s: float
+    restarts: int
+    ticks: int
+    wall_s: float
+
+
+def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 60.0) -> PolicyResult:
+    records = run.records
+    deadline = [r for r in records if r.job.deadline is not None]
+    admitted = [r for r in records if r.decision is not None and r.decision.admitted]
+    rejected = [r for r in records if r.decision is not None and not r.decision.admitted]
+    met = sum(1 for r in deadline if r.met_deadline)
+    admitted_missed = sum(1 for r in admitted if r.job.deadline is not None and not r.met_deadline)
+    finished = [r for r in records if r.finish is not None]
+    jct = [r.finish - r.job.submit_time for r in finished]  # type: ignore[operator]
+    start = min((r.job.submit_time for r in records), default=0.0)
+    end = max((r.finish for r in finished), default=start)  # type: ignore[type-var]
+    makespan = max(end - start, 1e-9)
+    held = sum(r.gpu_seconds for r in records)
+    return PolicyResult(
+        policy=run.policy, trace=trace, cluster=cluster, interval_s=interval_s,
+        jobs=len(records), deadline_jobs=len(deadline), best_effort_jobs=len(records) - len(deadline),
+        met_deadline=met, deadline_ratio=met / len(deadline) if deadline else 1.0,
+        admitted=len(admitted), rejected=len(rejected), admitted_missed=admitted_missed,
+        avg_jct_s=sum(jct) / len(jct) if jct else None,
+        gpu_utilization=held / (run.capacity * makespan) if run.capacity else 0.0,
+        makespan_s=makespan, restarts=sum(r.restarts for r in records), ticks=run.ticks, wall_s=run.wall_s,
+    )

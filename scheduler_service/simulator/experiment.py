@@ -1,0 +1,57 @@
+"""One simulation experiment: inputs by path, every policy on the same jobs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from scheduler_service.policy.registry import make_policy
+from scheduler_service.simulator.engine import Run, simulate
+from scheduler_service.simulator.inputs import InputError, load_cluster, load_throughputs, load_trace
+from scheduler_service.simulator.metrics import PolicyResult, summarize
+
+
+def data_dir() -> Path:
+    """The project's copy of the paper's public data (ELASTICFLOW_DATA overrides)."""
+    env = os.environ.get("ELASTICFLOW_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
+
+
+def resolve(path: str | Path, kind: str) -> Path:
+    """A path as given, or else a name inside the project's data folder
+    (`philly_103959`, `itp/cluster10`, `n32g8`, `A100`)."""
+    given = Path(path)
+    if given.exists():
+        return given
+    folder = data_dir() / kind
+    for candidate in (folder / given, folder / f"{given}.csv"):
+        if candidate.exists():
+            return candidate
+    return given  # let the loader report it, naming what was asked for
+
+
+@dataclass
+class Experiment:
+    trace: Path
+    cluster: Path
+    throughputs: Path
+    interval: float = 60.0
+
+    def run(
+        self, policies: Sequence[str], on_progress: Callable[[str, int, int], None] | None = None
+    ) -> tuple[list[Run], list[PolicyResult]]:
+        if self.interval <= 0:
+            raise InputError("--interval", None, None, "the scheduling interval must be positive")
+        curves = load_throughputs(self.throughputs)
+        topology = load_cluster(self.cluster)
+        jobs = load_trace(self.trace, curves)
+        runs, results = [], []
+        for name in policies:
+            policy = make_policy(name, topology, self.interval)
+            progress = None if on_progress is None else (lambda done, total, n=name: on_progress(n, done, total))
+            run = simulate(jobs, policy, progress)
+            runs.append(run)
+            results.append(summarize(run, self.trace.stem, self.cluster.stem, self.interval))
+        return runs, results

@@ -70,14 +70,14 @@ def earliest_deadline(cand: Candidate, now_slot: int, timeline: Timeline, clock:
     """The earliest slot boundary that, as a deadline, the job could be admitted with."""
     job, st = cand.job, cand.status
     top = cand.levels[-1]
-    need = st.remaining * (1 + COVER_SLACK)
+    total = st.remaining + migration_allowance(cand, clock)  # as plan_one asks
 
     def ok(end_slot: int) -> bool:
-        _, work = fill(job.curve, cand.levels, st.remaining, now_slot, end_slot * clock.interval, top,
+        _, work = fill(job.curve, cand.levels, total, now_slot, end_slot * clock.interval, top,
                        timeline, st.gpus, st.overhead_left, clock)
-        return work >= need
+        return work >= total * (1 + COVER_SLACK)
 
-    alone_s = st.remaining / job.curve.speed(top) + clock.overhead(top)
+    alone_s = total / job.curve.speed(top) + clock.overhead(top)
     lo = now_slot + 1
     hi = max(timeline.last_change, now_slot) + math.ceil(alone_s / clock.interval) + 1
     while not ok(hi):  # reservations can leave too little even past their end only if capacity < top

@@ -202,7 +202,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
         now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
         later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)
         have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
-        return st.remaining + now_cost + later_cost <= have
+        # A grant lasts at least one interval (callers decide at most once per
+        # interval), in which the job outruns its plan by this much:
+        ahead = (speed[gpus] - job.curve.speed(plan.gpus_at(slot))) * self.clock.interval
+        return st.remaining + now_cost + later_cost <= have + ahead
 
     def _place(self, slot: int, alloc: dict[str, int], status: Mapping[str, JobStatus]) -> Placement:
         """Place the allocation; if that would move a job that cannot afford a

@@ -1,0 +1,87 @@
+"""Admission control and allocation through the policy's one entry point."""
+
+import pytest
+
+from scheduler_service.policy import (
+    Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, Topology, make_policy,
+)
+
+CURVE = ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.4, 8: 5.5})
+TOPO = Topology(1, 1, 8)
+
+
+def job(job_id, iterations, deadline, submit=0.0, curve=CURVE):
+    return Job(job_id, submit, iterations, deadline, curve)
+
+
+def test_feasible_job_is_admitted_with_its_minimum_share_and_a_finish_before_the_deadline():
+    policy = make_policy("elasticflow", TOPO)
+    reply = policy.schedule(SchedulingRequest(0.0, [job("a", 3600, 7200)]))
+    (decision,) = reply.decisions
+    assert decision.admitted and decision.guaranteed
+    assert decision.share == 1
+    assert decision.guaranteed_finish <= 7200
+    assert reply.allocation["a"] == 8  # alone: the spare GPUs go to it
+    assert reply.projected_finish["a"] < 7200
+
+
+def test_deadline_in_the_past_is_rejected_with_that_reason():
+    policy = make_policy("elasticflow", TOPO)
+    (decision,) = policy.schedule(SchedulingRequest(600.0, [job("a", 10, 300)])).decisions
+    assert not decision.admitted and decision.reason is RejectReason.DEADLINE_PASSED
+
+
+def test_too_much_work_even_alone_names_the_earliest_deadline_that_works():
+    policy = make_policy("elasticflow", TOPO)
+    (decision,) = policy.schedule(SchedulingRequest(0.0, [job("a", 5.5 * 3600, 1800)])).decisions
+    assert decision.reason is RejectReason.INFEASIBLE_ALONE
+    earliest = decision.earliest_feasible_deadline
+    assert 3600 < earliest <= 3600 + 5 * 60  # the work, a restart, a migration allowance
+    again = make_policy("elasticflow", TOPO)
+    assert again.schedule(SchedulingRequest(0.0, [job("a", 5.5 * 3600, earliest)])).decisions[0].admitted
+    again = make_policy("elasticflow", TOPO)
+    assert not again.schedule(SchedulingRequest(0.0, [job("a", 5.5 * 3600, earliest - 60)])).decisions[0].admitted
+
+
+def test_a_busy_cluster_rejects_with_capacity_reason_and_an_admissible_deadline():
+    policy = make_policy("elasticflow", TOPO)
+    first = job("big", 5.5 * 7000, 7400)  # needs the whole cluster almost to its deadline
+    assert policy.schedule(SchedulingRequest(0.0, [first])).decisions[0].admitted
+    late = job("late", 3000, 3600)
+    status = {"big": JobStatus(5.5 * 7000, 8, 0.0)}
+    (decision,) = policy.schedule(SchedulingRequest(0.0, [late], status=status)).decisions
+    assert not decision.admitted and decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert "reserved" in decision.message
+    retry = job("late2", 3000, decision.earliest_feasible_deadline)
+    status["late"] = JobStatus(3000)
+    assert policy.schedule(SchedulingRequest(0.0, [retry], status=status)).decisions[0].admitted
+
+
+def test_best_effort_never_takes_what_a_deadline_job_planned():
+    policy = make_policy("elasticflow", TOPO)
+    reply = policy.schedule(SchedulingRequest(0.0, [job("be", 1e6, None), job("d", 5.5 * 3000, 3400)]))
+    assert all(d.admitted for d in reply.decisions)
+    assert reply.allocation["d"] == 8 and reply.allocation["be"] == 0
+
+
+def test_spare_gpus_go_where_they_cost_the_least_extra_gpu_time():
+    linear = ThroughputCurve({1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0})
+    flat = ThroughputCurve({1: 1.0, 2: 1.2, 4: 1.3, 8: 1.35})
+    policy = make_policy("elasticflow", Topology(1, 3, 4))  # 12 GPUs
+    reply = policy.schedule(SchedulingRequest(0.0, [
+        job("linear", 1000, 1e6, curve=linear), job("flat", 1000, 1e6, curve=flat),
+    ]))
+    # Doubling the linear job is free in GPU-time; the flat one only gets what is left.
+    assert reply.allocation == {"linear": 8, "flat": 4}
+
+
+def test_edf_runs_the_requested_width_in_deadline_order():
+    policy = make_policy("edf", Topology(1, 1, 4))
+    jobs = [Job("late", 0, 100, 9000, CURVE, requested_gpus=4), Job("soon", 0, 100, 500, CURVE, requested_gpus=2)]
+    reply = policy.schedule(SchedulingRequest(0.0, jobs))
+    assert reply.allocation == {"soon": 2, "late": 0}
+
+
+def test_unknown_policy_is_named():
+    with pytest.raises(ValueError, match="known: "):
+        make_policy("fifo", TOPO)

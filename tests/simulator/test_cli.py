@@ -1,0 +1,69 @@
+"""The command line: results out, and bad input reported as one line naming file, row and field."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from scheduler_service.cli import _register, app
+
+_register()
+runner = CliRunner()
+HEADER = "job_id,submit_time,iteration,model_name,ddl,batch_size,num_gpu,duration\n"
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def write_trace(tmp_path, body, header=HEADER):
+    path = tmp_path / "trace.csv"
+    path.write_text(header + body)
+    return path
+
+
+def simulate(trace, tmp_path, *extra):
+    return invoke("simulate", "--trace", str(trace), "--cluster", "n1g8", "--throughputs", "A100",
+                  "--json", str(tmp_path / "out.json"), *extra)
+
+
+def test_simulate_writes_results_and_plot(tmp_path):
+    trace = write_trace(tmp_path, "0,0,1000,resnet50,3000,64,1,150\n1,10,500,bert,9000,64,2,100\n")
+    result = simulate(trace, tmp_path, "--policy", "elasticflow", "--policy", "edf", "--plot", str(tmp_path / "p.png"))
+    assert result.exit_code == 0, result.output
+    payload = json.loads((tmp_path / "out.json").read_text())
+    assert [r["policy"] for r in payload["results"]] == ["elasticflow", "edf"]
+    for key in ("jobs", "met_deadline", "deadline_ratio", "admitted", "rejected", "admitted_missed",
+                "avg_jct_s", "gpu_utilization", "wall_s"):
+        assert key in payload["results"][0]
+    assert payload["results"][0]["met_deadline"] == 2
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("body,header,where", [
+    ("0,0,-5,resnet50,3000,64,1,150\n", HEADER, "row 2, field 'iteration'"),
+    ("0,100,50,resnet50,90,64,1,150\n", HEADER, "row 2, field 'ddl'"),
+    ("0,0,50,alexnet,3000,64,1,150\n", HEADER, "row 2, field 'model_name'"),
+    ("0,0,50,resnet50,3000,999,1,150\n", HEADER, "row 2, field 'batch_size'"),
+    ("0,0,50,resnet50,3000,64,1,150\n1,x,5,resnet50,3000,64,1,1\n", HEADER, "row 3, field 'submit_time'"),
+    ("0,0,resnet50,3000,64,1,150\n", HEADER.replace("iteration,", ""), "row 1, field 'iteration'"),
+])
+def test_bad_trace_exits_2_with_one_line_and_writes_nothing(tmp_path, body, header, where):
+    trace = write_trace(tmp_path, body, header)
+    result = simulate(trace, tmp_path)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.strip().splitlines() if line]
+    assert len(lines) == 1 and str(trace) in lines[0] and where in lines[0], result.output
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_unreadable_inputs_and_unknown_policy(tmp_path):
+    result = simulate(tmp_path / "missing.csv", tmp_path)
+    assert result.exit_code == 2 and "cannot read" in result.output
+    trace = write_trace(tmp_path, "0,0,1000,resnet50,3000,64,1,150\n")
+    result = simulate(trace, tmp_path, "--policy", "fifo")
+    assert result.exit_code == 2 and "unknown policy 'fifo'" in result.output
+    bad_cluster = tmp_path / "c.csv"
+    bad_cluster.write_text("num_switch,num_node_p_switch,num_gpu_p_node\n1,2,6\n")
+    result = invoke("simulate", "--trace", str(trace), "--cluster", str(bad_cluster), "--throughputs", "A100")
+    assert result.exit_code == 2 and "power of two" in result.output

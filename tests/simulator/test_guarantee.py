@@ -1,0 +1,75 @@
+"""With exact throughputs, every admitted deadline job meets its deadline."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_service.policy import Job, ThroughputCurve, Topology, make_policy
+from scheduler_service.simulator.experiment import Experiment
+from scheduler_service.simulator.engine import simulate
+from scheduler_service.simulator.metrics import summarize
+from tests.conftest import DATA
+
+SHARED = [
+    ("philly_103959", "n32g8", "A100", 60.0),
+    ("elasticVpollux_e", "n16g4", "T4", 60.0),
+    ("100jobs_1500lam", "n16g8", "A100", 240.0),
+    ("1000job_1500lam", "n8g8", "A100", 240.0),
+    ("itp/cluster10", "n16g8", "A100", 60.0),
+]
+
+
+@pytest.mark.parametrize("trace,cluster,gpu,interval", SHARED, ids=[s[0] for s in SHARED])
+def test_admitted_jobs_meet_their_deadlines_on_the_shared_traces(trace, cluster, gpu, interval):
+    exp = Experiment(DATA / "traces" / f"{trace}.csv", DATA / "clusters" / f"{cluster}.csv",
+                     DATA / "throughputs" / gpu, interval)
+    _, (ef, edf) = exp.run(["elasticflow", "edf"])
+    assert ef.admitted_missed == 0
+    assert ef.admitted + ef.rejected == ef.jobs
+    assert ef.deadline_ratio >= edf.deadline_ratio
+
+
+CURVES = [
+    ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.5, 8: 6.0, 16: 8.0}),
+    ThroughputCurve({1: 2.0, 2: 3.0, 4: 3.6, 8: 3.8}),
+    ThroughputCurve({1: 0.5, 2: 1.0, 4: 1.9, 8: 3.7, 16: 7.0, 32: 12.0}),
+]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), load=st.floats(0.3, 3.0), interval=st.sampled_from([60.0, 120.0]))
+def test_admitted_jobs_meet_their_deadlines_on_random_traces(seed, load, interval):
+    rng = random.Random(seed)
+    topo = Topology(1, rng.choice([1, 2, 4]), rng.choice([2, 4, 8]))
+    jobs, t = [], 0.0
+    for i in range(rng.randint(5, 40)):
+        t += rng.expovariate(1 / (1800 / load))
+        curve = rng.choice(CURVES)
+        gpus = rng.choice([1, 2, 4])
+        duration = rng.uniform(300, 20_000)
+        iterations = duration * curve.points[min(gpus, 8)]
+        deadline = None if rng.random() < 0.1 else t + rng.uniform(0.5, 1.5) * duration
+        jobs.append(Job(str(i), t, iterations, deadline, curve, requested_gpus=gpus))
+    result = summarize(simulate(jobs, make_policy("elasticflow", topo, interval)))
+    assert result.admitted_missed == 0
+    finished = result.jobs - result.rejected
+    assert result.avg_jct_s is not None or finished == 0
+
+
+def test_simulation_is_deterministic():
+    exp = Experiment(DATA / "traces" / "elasticVpollux_e.csv", DATA / "clusters" / "n16g4.csv",
+                     DATA / "throughputs" / "T4", 60.0)
+    _, first = exp.run(["elasticflow"])
+    _, second = exp.run(["elasticflow"])
+    strip = lambda r: r.model_dump(exclude={"wall_s"})  # noqa: E731
+    assert strip(first[0]) == strip(second[0])
+
+
+def test_best_effort_jobs_finish_and_are_counted_in_neither_side_of_the_ratio():
+    curve = CURVES[0]
+    jobs = [Job("be", 0, 3600, None, curve), Job("d", 0, 3600, 7200, curve)]
+    result = summarize(simulate(jobs, make_policy("elasticflow", Topology(1, 1, 4))))
+    assert result.deadline_jobs == 1 and result.best_effort_jobs == 1
+    assert result.deadline_ratio == 1.0 and result.avg_jct_s is not None

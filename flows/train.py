@@ -1,0 +1,101 @@
+"""The `train` Prefect flow: elastic DDP training on the GPU set it is given.
+
+Deploy with entrypoint `flows/train.py:train`. Parameters are validated by
+`TrainParameters` before anything starts; each training segment is a Prefect
+task; progress shows as an artifact, labels and `elasticflow.training.*` events.
+The scheduler steers a running flow through the file control channel (see
+docs/training.md), never through database credentials.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Callable
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from flows.training.control import FileControlChannel
+from flows.training.params import TrainParameters
+from flows.training.prefect_progress import PrefectProgress
+from flows.training.runtime import TrainResult, run_training
+from flows.training.segment import SegmentResult
+
+
+@task(name="train-segment", cache_policy=NO_CACHE, persist_result=False)
+def train_segment(launch: Callable[[], SegmentResult]) -> SegmentResult:
+    """One launch of the DDP workers; restores from, and ends with, a checkpoint."""
+    return launch()
+
+
+def _as_task(launch: Callable[[], SegmentResult], name: str) -> SegmentResult:
+    return train_segment.with_options(task_run_name=name)(launch)
+
+
+@flow(name="train", persist_result=False, log_prints=True)
+def train(
+    model: str = "resnet",
+    dataset: str | dict[str, Any] | None = None,
+    hyperparameters: dict[str, Any] | None = None,
+    iterations: int | None = None,
+    epochs: float | None = None,
+    deadline: str | datetime | None = None,
+    best_effort: bool = False,
+    gpu_plan: list[list[int]] | None = None,
+    switch_at: list[int] | None = None,
+    checkpoint_interval: int = 50,
+    keep_checkpoints: int = 3,
+    checkpoint_store: str | None = None,
+    control_dir: str | None = None,
+    device: str = "auto",
+    model_kwargs: dict[str, Any] | None = None,
+    max_restarts: int = 3,
+) -> TrainResult:
+    """Train `model` on `dataset` with a fixed global batch on whatever GPUs it is given."""
+    logger = get_run_logger()
+    params = TrainParameters.model_validate(
+        {
+            k: v
+            for k, v in dict(
+                model=model,
+                dataset=dataset,
+                hyperparameters=hyperparameters,
+                iterations=iterations,
+                epochs=epochs,
+                deadline=deadline,
+                best_effort=best_effort,
+                gpu_plan=gpu_plan,
+                switch_at=switch_at,
+                checkpoint_interval=checkpoint_interval,
+                keep_checkpoints=keep_checkpoints,
+                checkpoint_store=checkpoint_store,
+                control_dir=control_dir,
+                device=device,
+                model_kwargs=model_kwargs,
+                max_restarts=max_restarts,
+            ).items()
+            if v is not None
+        }
+    )
+    run_key = str(flow_run.id or uuid.uuid4())
+
+    def tracker(total: int, channel: FileControlChannel) -> PrefectProgress:
+        logger.info("training %s for %d iterations; run key %s; control channel %s", params.model, total, run_key, channel.folder)
+        return PrefectProgress(run_key, total, params.deadline, channel, flow_run_id=run_key)
+
+    result = run_training(params, run_key, wrap_segment=_as_task, tracker_factory=tracker)
+    logger.info(
+        "training %s after %d/%d iterations, %d rescales, %d restarts",
+        result.status,
+        result.iterations,
+        result.total_iterations,
+        len(result.rescales),
+        result.restarts,
+    )
+    return result
+
+
+if __name__ == "__main__":
+    train(model="mlp", iterations=40, gpu_plan=[[0, 1], [0, 1, 2, 3], [0]], switch_at=[15, 30], checkpoint_interval=5)

@@ -1,0 +1,113 @@
+"""The narrow channel through which the scheduler steers a running training flow.
+
+The scheduler writes a command; the running segment's rank-0 worker polls it at
+every iteration boundary, stops, checkpoints and exits; the flow reads the
+command, relaunches on the new GPU set and acknowledges. No database or API
+credentials are involved: the channel is a folder both sides can reach.
+
+    ROOT/RUN_KEY/command.json   latest command, written by the scheduler (seq increases)
+    ROOT/RUN_KEY/ack.json       last command applied, written by the flow
+    ROOT/RUN_KEY/status.json    latest progress, written by the flow
+
+Writes are atomic (temp file + rename), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+
+class ControlCommand(BaseModel):
+    """`rescale` moves the run to `gpus` (an empty list parks it until the next
+    rescale); `stop` checkpoints and ends the flow run."""
+
+    seq: int = Field(ge=1)
+    action: Literal["rescale", "stop"]
+    gpus: list[int] | None = None
+    issued_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+class ControlAck(BaseModel):
+    seq: int
+    iteration: int
+    gpus: list[int]
+    applied_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+class ControlChannel(Protocol):
+    """What the scheduler and the flow need from a channel; swap the transport freely."""
+
+    def request(self, action: Literal["rescale", "stop"], gpus: list[int] | None = None) -> ControlCommand: ...
+
+    def pending(self, applied_seq: int) -> ControlCommand | None: ...
+
+    def acknowledge(self, ack: ControlAck) -> None: ...
+
+
+def default_control_root() -> Path:
+    home = os.environ.get("ELASTICFLOW_HOME") or str(Path.home() / ".elasticflow")
+    return Path(home) / "control"
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+class FileControlChannel:
+    """`ControlChannel` over files in a folder keyed by run (flow run id)."""
+
+    def __init__(self, run_key: str, root: str | Path | None = None) -> None:
+        self.run_key = run_key
+        self.folder = Path(root or default_control_root()) / run_key
+        self.command_path = self.folder / "command.json"
+        self.ack_path = self.folder / "ack.json"
+        self.status_path = self.folder / "status.json"
+
+    def latest(self) -> ControlCommand | None:
+        try:
+            return ControlCommand.model_validate_json(self.command_path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def request(self, action: Literal["rescale", "stop"], gpus: list[int] | None = None) -> ControlCommand:
+        """Scheduler side: issue a command; it supersedes any not yet applied."""
+        if action == "rescale" and gpus is None:
+            raise ValueError("rescale needs a GPU list (empty to park the run)")
+        current = self.latest()
+        command = ControlCommand(seq=(current.seq if current else 0) + 1, action=action, gpus=gpus)
+        write_json_atomic(self.command_path, command.model_dump_json())
+        return command
+
+    def pending(self, applied_seq: int) -> ControlCommand | None:
+        """Flow/worker side: the newest command not yet applied, if any."""
+        command = self.latest()
+        return command if command and command.seq > applied_seq else None
+
+    def acknowledge(self, ack: ControlAck) -> None:
+        write_json_atomic(self.ack_path, ack.model_dump_json())
+
+    def acknowledged(self) -> ControlAck | None:
+        try:
+            return ControlAck.model_validate_json(self.ack_path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def publish_status(self, status: dict[str, object]) -> None:
+        write_json_atomic(self.status_path, json.dumps(status, default=str))
+
+    def status(self) -> dict[str, object] | None:
+        try:
+            return json.loads(self.status_path.read_text())
+        except FileNotFoundError:
+            return None

@@ -1,0 +1,162 @@
+"""The `train` flow's parameters, validated once at the boundary.
+
+Everything a user can get wrong (a model name, a deadline in the past, a GPU
+plan that does not line up) fails here with a message naming the fix, before
+any process is launched or GPU is held.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from flows.training.datasets import DatasetSpec
+from flows.training.models import data_kind, resolve_factory
+
+_RELATIVE = re.compile(r"^\+\s*((?:\d+(?:\.\d+)?\s*[smhdw]\s*)+)$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_deadline(value: str | datetime, now: datetime | None = None) -> datetime:
+    """An aware datetime from ISO-8601 with a zone, or `+2h`, `+1h30m`, `+90s` from `now`.
+
+    Naive times are refused: a deadline that silently shifts by the server's
+    time zone is a missed deadline.
+    """
+    now = now or datetime.now(timezone.utc)
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        text = value.strip()
+        match = _RELATIVE.match(text)
+        if match:
+            seconds = sum(
+                float(num) * _UNIT_SECONDS[unit] for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", match.group(1))
+            )
+            return now + timedelta(seconds=seconds)
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError(
+                f"deadline {value!r} is neither ISO-8601 (e.g. 2026-12-01T18:00:00+00:00) nor relative (e.g. +2h, +1h30m)"
+            ) from exc
+    if moment.tzinfo is None:
+        raise ValueError(f"deadline {value!s} has no time zone; add one (e.g. +00:00 or Z)")
+    return moment
+
+
+class Hyperparameters(BaseModel):
+    """Optimisation settings. The global batch size is fixed for the whole run,
+    whatever the number of GPUs: that is what keeps resizing invisible to SGD."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    global_batch_size: int = Field(default=32, ge=1)
+    learning_rate: float = Field(default=0.05, gt=0)
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_micro_batch: int | None = Field(
+        default=None, ge=1, description="largest per-worker forward pass; larger shards use gradient accumulation"
+    )
+    seed: int = Field(default=0, ge=0, description="model init and data order")
+
+
+class TrainParameters(BaseModel):
+    """Everything the `train` flow needs; every field has a usable default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default="resnet", description="registered name or 'pkg.module:factory'")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    dataset: DatasetSpec | None = None
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    iterations: int | None = Field(default=None, ge=1)
+    epochs: float | None = Field(default=None, gt=0)
+    deadline: datetime | None = None
+    best_effort: bool = False
+    gpu_plan: list[list[int]] = Field(default_factory=lambda: [[0]], description="GPU sets, used in order")
+    switch_at: list[int] = Field(default_factory=list, description="iterations at which to move to the next GPU set")
+    checkpoint_interval: int = Field(default=50, ge=1)
+    keep_checkpoints: int = Field(default=3, ge=1)
+    checkpoint_store: str | None = Field(default=None, description="fsspec URL, or name of a saved CheckpointStore block")
+    control_dir: str | None = Field(default=None, description="root of the file control channel")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_restarts: int = Field(default=3, ge=0, description="relaunches after a crashed segment")
+    run_key: str | None = Field(default=None, description="checkpoint/control key; defaults to the flow run id")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        resolve_factory(value)
+        return value
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _parse_deadline(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or value == "":
+            return None
+        now = (info.context or {}).get("now")
+        moment = parse_deadline(value, now)
+        if moment <= (now or datetime.now(timezone.utc)):
+            raise ValueError(f"deadline {moment.isoformat()} is in the past")
+        return moment
+
+    @field_validator("gpu_plan")
+    @classmethod
+    def _check_plan(cls, plan: list[list[int]]) -> list[list[int]]:
+        if not plan:
+            raise ValueError("gpu_plan needs at least one GPU set")
+        for gpus in plan:
+            if not gpus:
+                raise ValueError("every GPU set in gpu_plan needs at least one GPU")
+            if len(set(gpus)) != len(gpus) or min(gpus) < 0:
+                raise ValueError(f"GPU set {gpus} must list distinct non-negative ids")
+        return plan
+
+    @model_validator(mode="after")
+    def _check_together(self) -> "TrainParameters":
+        if self.iterations is not None and self.epochs is not None:
+            raise ValueError("give iterations or epochs, not both")
+        if self.best_effort and self.deadline is not None:
+            raise ValueError("a best-effort job has no deadline; drop one of deadline and best_effort")
+        if self.deadline is None:
+            self.best_effort = True
+        if len(self.switch_at) != len(self.gpu_plan) - 1:
+            raise ValueError(
+                f"switch_at needs one iteration per GPU-set change: {len(self.gpu_plan) - 1}, got {len(self.switch_at)}"
+            )
+        if any(b <= a for a, b in zip(self.switch_at, self.switch_at[1:])) or any(s < 1 for s in self.switch_at):
+            raise ValueError("switch_at must be strictly increasing positive iterations")
+        self.dataset = DatasetSpec.parse(self.dataset, data_kind(self.model))
+        largest = max(len(g) for g in self.gpu_plan)
+        if self.hyperparameters.global_batch_size < largest:
+            raise ValueError(
+                f"global_batch_size {self.hyperparameters.global_batch_size} is smaller than the largest GPU set ({largest})"
+            )
+        return self
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset_from_string(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            name, _, path = value.partition(":")
+            return {"name": name, "path": path or None}
+        return value
+
+    def total_iterations(self, dataset_size: int) -> int:
+        """Iterations to run: given directly, or enough global batches to cover `epochs` (default 1)."""
+        if self.iterations is not None:
+            return self.iterations
+        epochs = self.epochs if self.epochs is not None else 1.0
+        return max(1, math.ceil(epochs * dataset_size / self.hyperparameters.global_batch_size))
+
+    def planned_gpus(self, iteration: int) -> tuple[list[int], int | None]:
+        """The planned GPU set at `iteration` and the iteration where the plan next changes."""
+        step = sum(1 for s in self.switch_at if s <= iteration)
+        following = self.switch_at[step] if step < len(self.switch_at) else None
+        return self.gpu_plan[step], following

@@ -1,0 +1,82 @@
+"""Progress published to Prefect: a progress artifact, flow-run labels and
+`elasticflow.training.*` events, so the UI shows it and the scheduler can read it.
+
+Prefect is a window onto training, not part of it: every call is guarded, the
+first failure is logged as a warning, and after it Prefect publishing is switched
+off for the rest of the run so an unreachable API cannot slow the workers' loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from flows.training.progress import ProgressSnapshot, ProgressTracker
+
+log = logging.getLogger("elasticflow.progress")
+
+ARTIFACT_KEY = "elasticflow-training-progress"
+
+
+class PrefectProgress(ProgressTracker):
+    def __init__(self, *args: Any, flow_run_id: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flow_run_id = flow_run_id
+        self.artifact_id: Any = None
+        self.enabled = True
+
+    def _safely(self, what: str, call: Callable[[], Any]) -> Any:
+        if not self.enabled:
+            return None
+        try:
+            return call()
+        except Exception as exc:  # Prefect must never fail training
+            self.enabled = False
+            log.warning("Prefect %s failed, progress now only in logs and status file: %s", what, exc)
+            return None
+
+    def publish(self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None) -> None:
+        super().publish(snap, event, force, extra)
+        self._safely("artifact", lambda: self._artifact(snap))
+        self._safely("labels", lambda: self._labels(snap))
+        self._safely("event", lambda: self._event(snap, event, extra))
+
+    def _artifact(self, snap: ProgressSnapshot) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        description = (
+            f"iteration {snap.iteration}/{snap.total_iterations} on GPUs {snap.gpus}; "
+            f"{(snap.iterations_per_s or 0):.2f} it/s; projected finish {snap.projected_finish}"
+        )
+        if self.artifact_id is None:
+            self.artifact_id = create_progress_artifact(progress=snap.percent, key=ARTIFACT_KEY, description=description)
+        else:
+            update_progress_artifact(self.artifact_id, progress=snap.percent, description=description)
+
+    def _labels(self, snap: ProgressSnapshot) -> None:
+        from uuid import UUID
+
+        from prefect.client.orchestration import get_client
+
+        labels: dict[str, str] = {
+            "elasticflow.iteration": str(snap.iteration),
+            "elasticflow.total_iterations": str(snap.total_iterations),
+            "elasticflow.gpus": ",".join(map(str, snap.gpus)),
+        }
+        if snap.iterations_per_s:
+            labels["elasticflow.iterations_per_s"] = f"{snap.iterations_per_s:.4f}"
+        if snap.projected_finish:
+            labels["elasticflow.projected_finish"] = snap.projected_finish.isoformat()
+        if snap.on_track is not None:
+            labels["elasticflow.on_track"] = str(snap.on_track).lower()
+        with get_client(sync_client=True) as client:
+            client.update_flow_run_labels(UUID(self.flow_run_id), labels)
+
+    def _event(self, snap: ProgressSnapshot, event: str, extra: dict[str, object] | None) -> None:
+        from prefect.events import emit_event
+
+        emit_event(
+            event=f"elasticflow.training.{event}",
+            resource={"prefect.resource.id": f"prefect.flow-run.{self.flow_run_id}"},
+            payload={**snap.model_dump(mode="json"), **(extra or {})},
+        )

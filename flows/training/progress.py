@@ -1,0 +1,126 @@
+"""Progress of a training run: iterations done, throughput, projected finish.
+
+`ProgressTracker` computes the figures and publishes them to the control
+channel's status file, which the scheduler can read without Prefect. The Prefect
+side (artifact, labels, events) lives in `prefect_progress` and is optional, so
+the runtime works the same in a flow, a test or a benchmark.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from datetime import datetime, timedelta, timezone
+
+from pydantic import BaseModel
+
+from flows.training.control import FileControlChannel
+from flows.training.segment import SegmentResult
+
+log = logging.getLogger("elasticflow.progress")
+
+
+class ProgressSnapshot(BaseModel):
+    """What the UI and the scheduler want to know about a run right now."""
+
+    run_key: str
+    iteration: int
+    total_iterations: int
+    loss: float | None
+    gpus: list[int]
+    iterations_per_s: float | None
+    projected_finish: datetime | None
+    deadline: datetime | None
+    on_track: bool | None
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.iteration / max(1, self.total_iterations)
+
+
+class ProgressTracker:
+    """Turns per-iteration reports into snapshots; subclasses publish them elsewhere."""
+
+    def __init__(
+        self,
+        run_key: str,
+        total_iterations: int,
+        deadline: datetime | None = None,
+        channel: FileControlChannel | None = None,
+        min_interval_s: float = 2.0,
+    ) -> None:
+        self.run_key, self.total, self.deadline, self.channel = run_key, total_iterations, deadline, channel
+        self.min_interval_s = min_interval_s
+        self.gpus: list[int] = []
+        self.iteration = 0
+        self.loss: float | None = None
+        self._window: deque[tuple[int, float]] = deque(maxlen=20)
+        self._last_publish = 0.0
+
+    def snapshot(self, now: float | None = None) -> ProgressSnapshot:
+        now = now if now is not None else time.time()
+        rate = None
+        if len(self._window) >= 2:
+            (i0, t0), (i1, t1) = self._window[0], self._window[-1]
+            rate = (i1 - i0) / (t1 - t0) if t1 > t0 else None
+        finish = None
+        if rate:
+            finish = datetime.fromtimestamp(now, timezone.utc) + timedelta(seconds=(self.total - self.iteration) / rate)
+        elif self.iteration >= self.total:
+            finish = datetime.fromtimestamp(now, timezone.utc)
+        on_track = (finish <= self.deadline) if (finish and self.deadline) else None
+        return ProgressSnapshot(
+            run_key=self.run_key,
+            iteration=self.iteration,
+            total_iterations=self.total,
+            loss=self.loss,
+            gpus=self.gpus,
+            iterations_per_s=rate,
+            projected_finish=finish,
+            deadline=self.deadline,
+            on_track=on_track,
+        )
+
+    # Hooks called by the runtime.
+    def segment_started(self, gpus: list[int], iteration: int) -> None:
+        self.gpus, self.iteration = list(gpus), iteration
+        self._window.clear()  # a new GPU count means a new rate
+        self.publish(self.snapshot(), event="segment.started", force=True)
+
+    def on_iteration(self, iteration: int, loss: float, wall_t: float) -> None:
+        self.iteration, self.loss = iteration, loss
+        self._window.append((iteration, wall_t))
+        if time.time() - self._last_publish >= self.min_interval_s:
+            self.publish(self.snapshot(), event="progress")
+
+    def segment_finished(self, result: SegmentResult) -> None:
+        if result.end_iteration >= 0:
+            self.iteration = result.end_iteration
+        self.publish(self.snapshot(), event="segment.finished", force=True, extra={"reason": result.reason})
+
+    def rescaled(self, old: list[int], new: list[int], iteration: int, seconds: float | None) -> None:
+        self.publish(
+            self.snapshot(), event="rescaled", force=True, extra={"from_gpus": old, "to_gpus": new, "rescale_s": seconds}
+        )
+
+    def finished(self, status: str) -> None:
+        self.publish(self.snapshot(), event=status, force=True)
+
+    def publish(self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None) -> None:
+        self._last_publish = time.time()
+        if self.channel:
+            try:
+                self.channel.publish_status({"event": event, **snap.model_dump(mode="json"), **(extra or {})})
+            except OSError as exc:
+                log.warning("cannot write status file run_key=%s error=%s", self.run_key, exc)
+        log.info(
+            "training %s run_key=%s iteration=%d/%d loss=%s it_per_s=%s gpus=%s",
+            event,
+            self.run_key,
+            snap.iteration,
+            snap.total_iterations,
+            f"{snap.loss:.4f}" if snap.loss is not None else None,
+            f"{snap.iterations_per_s:.3f}" if snap.iterations_per_s else None,
+            snap.gpus,
+        )

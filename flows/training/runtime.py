@@ -1,0 +1,245 @@
+"""The elastic training loop, independent of Prefect.
+
+`run_training` runs a job as a sequence of segments. Before each segment it
+decides the GPU set: the latest control-channel command if the scheduler has
+spoken, else the standalone `gpu_plan`. Each segment restores the latest
+checkpoint, so a relaunch on a different GPU set, or after a crash, continues
+the same training. The Prefect flow in `flows.train` wraps this loop and runs
+each segment as a task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from elasticflow_block.storage import CheckpointStorage, default_root
+from flows.training.control import ControlAck, FileControlChannel, default_control_root
+from flows.training.datasets import load_dataset
+from flows.training.launcher import ProgressCallback, Segment
+from flows.training.params import TrainParameters
+from flows.training.progress import ProgressTracker
+from flows.training.segment import SegmentResult, SegmentSpec
+
+log = logging.getLogger("elasticflow.runtime")
+
+# Runs a zero-argument segment launch, e.g. as a Prefect task; gets a display name.
+SegmentWrapper = Callable[[Callable[[], SegmentResult], str], SegmentResult]
+
+
+class RescaleRecord(BaseModel):
+    """One change of GPU set, with the time it cost."""
+
+    iteration: int
+    from_gpus: list[int]
+    to_gpus: list[int]
+    cause: Literal["plan", "control"]
+    seconds: float | None = Field(description="stop seen at a boundary -> new segment ready for its first iteration")
+
+
+class TrainResult(BaseModel):
+    run_key: str
+    status: Literal["completed", "stopped", "preempted"]
+    iterations: int
+    total_iterations: int
+    losses: list[float]
+    segments: list[SegmentResult]
+    rescales: list[RescaleRecord]
+    restarts: int
+
+
+class _Termination:
+    """Turns SIGTERM on the flow process into a graceful stop of the workers.
+
+    Workers checkpoint at the next boundary; afterwards the previous handler
+    (Prefect's, which may reschedule the run) gets the signal as if we were not
+    there. Only installable from the main thread.
+    """
+
+    def __init__(self) -> None:
+        self.segment: Segment | None = None
+        self.received = False
+        self.previous: Any = None
+        self.installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+            self.installed = True
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+        if self.segment:
+            self.segment.request_stop()
+
+    def restore_and_forward(self) -> None:
+        if not self.installed:
+            return
+        signal.signal(signal.SIGTERM, self.previous)
+        self.installed = False
+        if self.received:
+            if callable(self.previous):
+                self.previous(signal.SIGTERM, None)
+            elif self.previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+
+def default_device(requested: str) -> Literal["cpu", "cuda"]:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but CUDA is not available here")
+    return "cuda" if requested == "cuda" else "cpu"
+
+
+def resolve_checkpoint_url(value: str | None) -> str:
+    """A URL/path as is; otherwise the name of a saved `CheckpointStore` block."""
+    if not value:
+        return default_root()
+    if "://" in value or value.startswith(("/", ".", "~")) or os.sep in value:
+        return os.path.expanduser(value)
+    from elasticflow_block.block import CheckpointStore
+
+    return CheckpointStore.load(value).url  # type: ignore[union-attr]
+
+
+def run_training(
+    params: TrainParameters,
+    run_key: str,
+    wrap_segment: SegmentWrapper | None = None,
+    tracker_factory: Callable[[int, FileControlChannel], ProgressTracker] | None = None,
+    park_poll_s: float = 1.0,
+    segment_hook: Callable[[Segment], None] | None = None,
+) -> TrainResult:
+    """Train `params` to completion (or until stopped), segment by segment."""
+    data_size = len(load_dataset(params.dataset))  # type: ignore[arg-type]
+    total = params.total_iterations(data_size)
+    checkpoint_url = resolve_checkpoint_url(params.checkpoint_store)
+    storage = CheckpointStorage(checkpoint_url, keep=params.keep_checkpoints)
+    control_root = Path(params.control_dir) if params.control_dir else default_control_root()
+    channel = FileControlChannel(run_key, control_root)
+    if tracker_factory:
+        tracker = tracker_factory(total, channel)
+    else:
+        tracker = ProgressTracker(run_key, total, params.deadline, channel)
+    device = default_device(params.device)
+    ack = channel.acknowledged()
+    applied_seq = ack.seq if ack else 0
+    override: list[int] | None = ack.gpus if ack else None  # a restarted flow keeps the scheduler's last word
+    done = storage.iterations(run_key)
+    iteration = done[-1] if done else 0
+    losses: dict[int, float] = {}
+    segments: list[SegmentResult] = []
+    rescales: list[RescaleRecord] = []
+    restarts = 0
+    previous: SegmentResult | None = None
+    cause: Literal["plan", "control"] = "plan"
+    termination = _Termination()
+    termination.install()
+
+    def launch(spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback) -> SegmentResult:
+        segment = Segment(spec, gpus)
+        termination.segment = segment
+        segment.start()
+        if segment_hook:
+            segment_hook(segment)
+        try:
+            return segment.wait(on_progress)
+        except BaseException:
+            segment.kill(grace_s=30.0)  # let workers checkpoint before we go
+            raise
+        finally:
+            termination.segment = None
+
+    status: Literal["completed", "stopped", "preempted"] = "completed"
+    try:
+        while iteration < total:
+            command = channel.pending(applied_seq)
+            if command:
+                applied_seq = command.seq
+                if command.action == "stop":
+                    channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=[]))
+                    status = "stopped"
+                    break
+                override, cause = list(command.gpus or []), "control"
+                channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=override))
+                log.info("control command applied run_key=%s seq=%d gpus=%s", run_key, command.seq, override)
+            if override == []:  # parked by the scheduler: hold no workers until told
+                time.sleep(park_poll_s)
+                continue
+            planned, next_switch = params.planned_gpus(iteration)
+            gpus = override if override is not None else planned
+            stop_at = total if override is not None or next_switch is None else next_switch
+            spec = SegmentSpec(
+                run_key=run_key,
+                model=params.model,
+                model_kwargs=params.model_kwargs,
+                dataset=params.dataset,  # type: ignore[arg-type]
+                hyperparameters=params.hyperparameters,
+                total_iterations=total,
+                stop_at=stop_at,
+                checkpoint_interval=params.checkpoint_interval,
+                checkpoint_url=checkpoint_url,
+                keep_checkpoints=params.keep_checkpoints,
+                device=device,
+                control_dir=str(control_root),
+                applied_seq=applied_seq,
+            )
+            tracker.segment_started(gpus, iteration)
+            name = f"segment-{len(segments)}-it{iteration}-gpus{'_'.join(map(str, gpus))}"
+            if wrap_segment:
+                result = wrap_segment(lambda: launch(spec, gpus, tracker.on_iteration), name)
+            else:
+                result = launch(spec, gpus, tracker.on_iteration)
+            tracker.segment_finished(result)
+            segments.append(result)
+            if result.reason == "crashed":
+                restarts += 1
+                log.warning("segment crashed run_key=%s restart=%d/%d error=%s", run_key, restarts, params.max_restarts, result.error)
+                if restarts > params.max_restarts:
+                    raise RuntimeError(f"training crashed {restarts} times; last error: {result.error}")
+                done = storage.iterations(run_key)
+                iteration = done[-1] if done else 0
+                previous = None
+                continue
+            if previous is not None and previous.gpus != result.gpus:
+                seconds = None
+                if previous.timings.stop_seen_t is not None or previous.reason == "target":
+                    stop_t = previous.timings.stop_seen_t or max(previous.timings.iteration_end_t.values(), default=None)
+                    seconds = result.timings.loaded_t - stop_t if stop_t else None
+                record = RescaleRecord(
+                    iteration=result.start_iteration, from_gpus=previous.gpus, to_gpus=result.gpus, cause=cause, seconds=seconds
+                )
+                rescales.append(record)
+                tracker.rescaled(record.from_gpus, record.to_gpus, record.iteration, seconds)
+            losses.update(result.losses)
+            iteration = result.end_iteration
+            previous = result
+            if result.reason == "terminated" or termination.received:
+                status = "preempted"
+                break
+    except BaseException:
+        termination.received = False  # already failing: just put the handler back
+        termination.restore_and_forward()
+        raise
+    tracker.finished(status)
+    termination.restore_and_forward()  # checkpoint is safe: now let SIGTERM do what it would have done
+    ordered = [losses[i] for i in sorted(losses)]
+    return TrainResult(
+        run_key=run_key,
+        status=status,
+        iterations=iteration,
+        total_iterations=total,
+        losses=ordered,
+        segments=segments,
+        rescales=rescales,
+        restarts=restarts,
+    )

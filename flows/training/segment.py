@@ -1,0 +1,70 @@
+"""What a segment is given and what it reports back, shared by the launcher
+(in the flow process) and the workers (separate processes). Plain pydantic, no
+torch and no Prefect, so both sides import it cheaply."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from flows.training.datasets import DatasetSpec
+from flows.training.params import Hyperparameters
+
+StopReason = Literal["completed", "target", "stopped", "terminated", "crashed"]
+
+
+class SegmentSpec(BaseModel):
+    """One launch of `world_size` workers, from the latest checkpoint up to `stop_at`."""
+
+    run_key: str
+    model: str
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    dataset: DatasetSpec
+    hyperparameters: Hyperparameters
+    total_iterations: int
+    stop_at: int = Field(description="iteration at which this segment ends even if not told to stop")
+    checkpoint_interval: int
+    checkpoint_url: str
+    keep_checkpoints: int = 3
+    device: Literal["cpu", "cuda"] = "cpu"
+    control_dir: str | None = None
+    applied_seq: int = 0
+    save_at_end: bool = True
+    init_timeout_s: float = 120.0
+
+
+class SegmentTimings(BaseModel):
+    """Wall-clock instants (time.time()) and durations measured by rank 0."""
+
+    launch_t: float = 0.0
+    imported_t: float = 0.0  # interpreter up, torch imported
+    rendezvous_t: float = 0.0  # process group up
+    ready_t: float = 0.0  # data and model built
+    loaded_t: float = 0.0  # checkpoint restored, DDP wrapped: ready for the first new iteration
+    first_iteration_t: float | None = None
+    stop_seen_t: float | None = None  # iteration boundary at which a stop request was seen
+    end_t: float = 0.0  # after the final checkpoint
+    load_s: float = 0.0
+    save_s: list[float] = Field(default_factory=list)
+    iteration_end_t: dict[int, float] = Field(default_factory=dict)
+
+
+class SegmentResult(BaseModel):
+    gpus: list[int]
+    start_iteration: int
+    end_iteration: int
+    reason: StopReason
+    losses: dict[int, float] = Field(default_factory=dict, description="global mean loss by iteration index")
+    timings: SegmentTimings = Field(default_factory=SegmentTimings)
+    checkpoint_iteration: int | None = None
+    error: str | None = None
+
+    @property
+    def iterations_per_s(self) -> float | None:
+        """Steady-state rate, first iteration excluded (it pays for warm-up)."""
+        ends = sorted(self.timings.iteration_end_t.items())
+        if len(ends) < 3:
+            return None
+        (i0, t0), (i1, t1) = ends[1], ends[-1]
+        return (i1 - i0) / (t1 - t0) if t1 > t0 else None

@@ -1,0 +1,254 @@
+"""One DDP worker process: restore, train until told or done, checkpoint, exit.
+
+Run as `python -m flows.training.worker SEGMENT_DIR` with RANK, WORLD_SIZE,
+MASTER_PORT set by the launcher. Rank 0 polls the control channel; any rank
+that gets SIGTERM asks to stop. Both are folded into one all-reduce per
+iteration, together with the loss, so every rank stops at the same boundary.
+
+A training step does not know whether it is about to be resized: it always
+computes the gradient of the mean loss over the same global batch, split over
+however many workers there are (see `sampler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from elasticflow_block.storage import CheckpointStorage
+from flows.training.control import FileControlChannel
+from flows.training.datasets import load_dataset
+from flows.training.models import build_model, per_sample_loss
+from flows.training.sampler import batch_indices, micro_batches, shard_bounds
+from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
+
+log = logging.getLogger("elasticflow.worker")
+
+_terminated = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    global _terminated
+    _terminated = True
+
+
+def build_optimizer(model: torch.nn.Module, spec: SegmentSpec) -> torch.optim.Optimizer:
+    hp = spec.hyperparameters
+    if hp.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay)
+    if hp.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+class Worker:
+    """State of one rank for one segment."""
+
+    def __init__(self, spec: SegmentSpec, segment_dir: Path, rank: int, world_size: int) -> None:
+        self.spec, self.dir, self.rank, self.world = spec, segment_dir, rank, world_size
+        self.timings = SegmentTimings(
+            launch_t=float(os.environ.get("ELASTICFLOW_LAUNCH_T", time.time())), imported_t=time.time()
+        )
+        self.storage = CheckpointStorage(spec.checkpoint_url, keep=spec.keep_checkpoints)
+        self.control = FileControlChannel(spec.run_key, spec.control_dir) if spec.control_dir else None
+        self.device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
+        self.history: list[float] = []
+        self.iteration = 0
+
+    def setup(self) -> None:
+        if self.spec.device == "cuda":
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        else:
+            torch.set_num_threads(1)
+            backend = "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=self.spec.init_timeout_s),
+        )
+        self.timings.rendezvous_t = time.time()
+        self.data = load_dataset(self.spec.dataset)
+        torch.manual_seed(self.spec.hyperparameters.seed)
+        self.model = build_model(self.spec.model, self.spec.model_kwargs).to(self.device)
+        self.optimizer = build_optimizer(self.model, self.spec)
+        self.timings.ready_t = time.time()
+
+    def restore(self) -> int | None:
+        """Load the newest valid checkpoint. Rank 0 picks it (falling back past a
+        corrupt one) and tells the others which iteration to load, so all ranks
+        restore the same state."""
+        start = time.perf_counter()
+        chosen = torch.tensor([-1], dtype=torch.long)
+        state = None
+        if self.rank == 0:
+            found = self.storage.load_latest(self.spec.run_key)
+            if found:
+                state = found[0]
+                chosen[0] = found[1].iteration
+        dist.broadcast(chosen, src=0)
+        if chosen.item() >= 0 and state is None:
+            state = self.storage.load(self.spec.run_key, int(chosen.item()))[0]
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.iteration = int(state["iteration"])
+            self.history = list(state["history"])
+            _set_rng_state(state["rng"])
+        self.ddp = DistributedDataParallel(self.model, device_ids=[0] if self.spec.device == "cuda" else None)
+        dist.barrier()
+        self.timings.load_s = time.perf_counter() - start
+        self.timings.loaded_t = time.time()
+        return int(chosen.item()) if chosen.item() >= 0 else None
+
+    def checkpoint(self) -> None:
+        if self.rank != 0:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+            "history": self.history,
+            "rng": _rng_state(),
+            "data": {
+                "seed": self.spec.hyperparameters.seed,
+                "global_batch_size": self.spec.hyperparameters.global_batch_size,
+                "samples_seen": self.iteration * self.spec.hyperparameters.global_batch_size,
+            },
+            "meta": {"model": self.spec.model, "world_size": self.world, "saved_at": time.time()},
+        }
+        info = self.storage.save(self.spec.run_key, self.iteration, state)
+        self.timings.save_s.append(info.seconds)
+        self.last_checkpoint = self.iteration
+
+    def step(self) -> float:
+        """One optimizer step over the global batch; returns this rank's summed loss."""
+        hp = self.spec.hyperparameters
+        indices = batch_indices(hp.seed, self.iteration, hp.global_batch_size, len(self.data))
+        start, stop = shard_bounds(hp.global_batch_size, self.world, self.rank)
+        chunks = micro_batches(start, stop, hp.max_micro_batch)
+        # DDP averages gradients over ranks; scaling the summed loss by W/B makes
+        # the result the gradient of the mean over the global batch, whatever W is.
+        scale = self.world / hp.global_batch_size
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for j, (a, b) in enumerate(chunks):
+            inputs, targets = self.data.batch(indices[a:b])
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            sync = contextlib.nullcontext() if j == len(chunks) - 1 else self.ddp.no_sync()
+            with sync:
+                losses = per_sample_loss(self.ddp(inputs), targets)
+                (losses.sum() * scale).backward()
+            total += float(losses.detach().sum())
+        self.optimizer.step()
+        return total
+
+    def stop_requested(self) -> bool:
+        if _terminated:
+            return True
+        return bool(self.rank == 0 and self.control and self.control.pending(self.spec.applied_seq))
+
+    def train(self) -> StopReason:
+        spec = self.spec
+        progress = open(self.dir / "progress.jsonl", "a") if self.rank == 0 else None
+        self.last_checkpoint = self.iteration
+        reason: StopReason = "completed" if self.iteration >= spec.total_iterations else "target"
+        while self.iteration < min(spec.stop_at, spec.total_iterations):
+            local = self.step()
+            # [summed loss, stop votes, terminate votes]: one collective per iteration.
+            flags = torch.tensor([local, float(self.stop_requested()), float(_terminated)], dtype=torch.float64)
+            dist.all_reduce(flags)
+            loss = float(flags[0]) / spec.hyperparameters.global_batch_size
+            self.history.append(loss)
+            self.iteration += 1
+            now = time.time()
+            if self.timings.first_iteration_t is None:
+                self.timings.first_iteration_t = now
+            self.timings.iteration_end_t[self.iteration] = now
+            if progress:
+                progress.write(json.dumps({"iteration": self.iteration, "loss": loss, "t": now}) + "\n")
+                progress.flush()
+            if self.iteration % spec.checkpoint_interval == 0:
+                self.checkpoint()
+            if flags[1] > 0 or flags[2] > 0:
+                self.timings.stop_seen_t = now
+                reason = "terminated" if flags[2] > 0 else "stopped"
+                break
+        else:
+            reason = "completed" if self.iteration >= spec.total_iterations else "target"
+        if spec.save_at_end and self.last_checkpoint != self.iteration:
+            self.checkpoint()
+        if progress:
+            progress.close()
+        return reason
+
+    def report(self, start_iteration: int, reason: StopReason) -> None:
+        if self.rank != 0:
+            return
+        self.timings.end_t = time.time()
+        gpus = [int(g) for g in os.environ.get("ELASTICFLOW_GPUS", "").split(",") if g]
+        result = SegmentResult(
+            gpus=gpus,
+            start_iteration=start_iteration,
+            end_iteration=self.iteration,
+            reason=reason,
+            losses={i: self.history[i] for i in range(start_iteration, self.iteration)},
+            timings=self.timings,
+            checkpoint_iteration=getattr(self, "last_checkpoint", None),
+        )
+        tmp = self.dir / "result.json.tmp"
+        tmp.write_text(result.model_dump_json())
+        os.replace(tmp, self.dir / "result.json")
+
+
+def main(segment_dir: str) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s")
+    folder = Path(segment_dir)
+    spec = SegmentSpec.model_validate_json((folder / "spec.json").read_text())
+    worker = Worker(spec, folder, rank, world)
+    worker.setup()
+    worker.restore()
+    start_iteration = worker.iteration
+    reason = worker.train()
+    worker.report(start_iteration, reason)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1])
+    # Everything is on disk (checkpoint, result.json); skip interpreter teardown,
+    # which takes ~1 s with torch loaded and sits on the rescale path.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,83 @@
+"""Throughput profiling: iterations/s of a model at one global batch size on
+1, 2, 4, ... GPUs, measured with short real DDP runs of the training runtime.
+
+The first `warmup` iterations of each run are excluded (allocator warm-up,
+dynamo import on the first optimizer step), so the figure is the steady rate
+that admission should plan with.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import uuid
+from typing import Any
+
+from flows.training.launcher import run_segment
+from flows.training.params import Hyperparameters, TrainParameters
+from flows.training.runtime import default_device
+from flows.training.segment import SegmentResult, SegmentSpec
+
+log = logging.getLogger("elasticflow.profile")
+
+
+def steady_rate(result: SegmentResult, warmup: int) -> float:
+    """Iterations/s between the end of iteration `warmup` and the last one."""
+    ends = sorted(result.timings.iteration_end_t.items())
+    if len(ends) <= warmup + 1:
+        raise ValueError(f"need more than {warmup + 1} iterations to measure a rate, got {len(ends)}")
+    (i0, t0), (i1, t1) = ends[warmup], ends[-1]
+    return (i1 - i0) / max(t1 - t0, 1e-9)
+
+
+def profile_throughput(
+    model: str,
+    batch_size: int,
+    gpu_counts: list[int],
+    iterations: int = 10,
+    warmup: int = 2,
+    device: str = "auto",
+    model_kwargs: dict[str, Any] | None = None,
+    dataset: str | dict[str, Any] | None = None,
+) -> dict[int, float]:
+    """GPU count -> measured iterations/s. Checkpoints go to a temporary folder."""
+    bad = [g for g in gpu_counts if g < 1 or g & (g - 1)]
+    if bad:
+        raise ValueError(f"GPU counts must be powers of two, got {bad}")
+    if iterations <= warmup + 1:
+        raise ValueError("iterations must exceed warmup + 1")
+    params = TrainParameters(
+        model=model,
+        model_kwargs=model_kwargs or {},
+        dataset=dataset,
+        hyperparameters=Hyperparameters(global_batch_size=batch_size),
+        iterations=iterations,
+        gpu_plan=[list(range(max(gpu_counts)))],
+        device=device,  # type: ignore[arg-type]
+    )
+    scratch = tempfile.mkdtemp(prefix="elasticflow-profile-")
+    curve: dict[int, float] = {}
+    try:
+        for count in sorted(set(gpu_counts)):
+            spec = SegmentSpec(
+                run_key=f"profile-{uuid.uuid4().hex[:12]}",
+                model=params.model,
+                model_kwargs=params.model_kwargs,
+                dataset=params.dataset,  # type: ignore[arg-type]
+                hyperparameters=params.hyperparameters,
+                total_iterations=iterations,
+                stop_at=iterations,
+                checkpoint_interval=iterations + 1,
+                checkpoint_url=scratch,
+                device=default_device(device),
+                save_at_end=False,
+            )
+            result = run_segment(spec, list(range(count)), workdir=None)
+            if result.reason == "crashed":
+                raise RuntimeError(f"profiling {model} on {count} GPUs failed: {result.error}")
+            curve[count] = steady_rate(result, warmup)
+            log.info("profiled model=%s batch=%d gpus=%d it_per_s=%.3f", model, batch_size, count, curve[count])
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return curve

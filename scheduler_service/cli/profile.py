@@ -1,0 +1,62 @@
+"""`elasticflow profile`: measure a model's throughput curve and store it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from scheduler_service.cli import app
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def _gpu_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--gpus takes comma-separated integers, got {text!r}") from None
+    if not counts or any(c < 1 or c & (c - 1) for c in counts):
+        raise typer.BadParameter(f"--gpus takes powers of two (1,2,4,...), got {text!r}")
+    return counts
+
+
+@app.command()
+def profile(
+    model: str = typer.Argument(..., help="registered model name or pkg.module:factory"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="global batch size"),
+    gpus: str = typer.Option("1,2,4", "--gpus", help="GPU counts to measure, powers of two"),
+    iterations: int = typer.Option(10, "--iterations", min=3, help="iterations per measurement"),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="iterations excluded from the rate"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="dataset (default: synthetic for the model)"),
+    export: Optional[Path] = typer.Option(None, "--export", help="also write the model's curves as CSV"),
+    database_url: Optional[str] = typer.Option(None, "--database-url", help="SQLAlchemy URL (default: $ELASTICFLOW_DATABASE_URL or SQLite)"),
+) -> None:
+    """Measure iterations/s on each GPU count with short DDP runs and store the curve."""
+    from flows.training.profiler import profile_throughput
+    from scheduler_service.store import export_csv, get_engine, save_curve
+
+    counts = _gpu_counts(gpus)
+    try:
+        curve = profile_throughput(model, batch_size, counts, iterations=iterations, warmup=warmup, device=device, dataset=dataset)
+    except ValueError as exc:
+        errors.print(f"error: {exc}")
+        raise typer.Exit(2) from None
+    engine = get_engine(database_url)
+    from flows.training.runtime import default_device
+
+    save_curve(model, batch_size, curve, device=default_device(device), engine=engine)
+    table = Table(title=f"{model} @ global batch {batch_size}")
+    table.add_column("GPUs", justify="right")
+    table.add_column("iterations/s", justify="right")
+    for count, rate in curve.items():
+        table.add_row(str(count), f"{rate:.3f}")
+    console.print(table)
+    console.print(f"stored in {engine.url.render_as_string(hide_password=True)}")
+    if export:
+        console.print(f"exported {export_csv(model, export, engine)}")

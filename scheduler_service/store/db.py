@@ -1,0 +1,42 @@
+"""The project's SQL store: SQLite under `$ELASTICFLOW_HOME` unless
+`ELASTICFLOW_DATABASE_URL` names another SQLAlchemy URL."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel, create_engine
+
+DATABASE_URL_ENV = "ELASTICFLOW_DATABASE_URL"
+
+
+def elasticflow_home() -> Path:
+    return Path(os.environ.get("ELASTICFLOW_HOME") or Path.home() / ".elasticflow")
+
+
+def database_url() -> str:
+    """The configured URL, read at call time so tests and CLIs can set the env var."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    if url:
+        return url
+    home = elasticflow_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'elasticflow.db'}"
+
+
+@lru_cache(maxsize=8)
+def _engine_for(url: str) -> Engine:
+    engine = create_engine(url)
+    # Importing the table modules registers them on SQLModel.metadata.
+    from scheduler_service.store import throughput  # noqa: F401
+
+    SQLModel.metadata.create_all(engine)
+    return engine
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """An engine for `url` (default: `database_url()`), with the schema created."""
+    return _engine_for(url or database_url())

@@ -1,19 +1,35 @@
-"""Policies by name, for the simulator and the command line."""
+"""Policies by name, for the simulator and the command line.
+
+Baselines register themselves by living in `policy/baselines/`: every
+SchedulingPolicy subclass with a `name` found there is listed, so adding a
+baseline is adding one module.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+import inspect
+import pkgutil
 
-from scheduler_service.policy.baselines.edf import EDFAdmitPolicy, EDFPolicy
+from scheduler_service.policy import baselines
 from scheduler_service.policy.elasticflow import ElasticFlowNoAdmission, ElasticFlowPolicy
 from scheduler_service.policy.interface import SchedulingPolicy
 from scheduler_service.policy.topology import Topology
 
-PolicyFactory = Callable[..., SchedulingPolicy]
 
-POLICIES: dict[str, PolicyFactory] = {
-    cls.name: cls for cls in (ElasticFlowPolicy, ElasticFlowNoAdmission, EDFPolicy, EDFAdmitPolicy)
-}
+def _discover() -> dict[str, type[SchedulingPolicy]]:
+    found: dict[str, type[SchedulingPolicy]] = {
+        ElasticFlowPolicy.name: ElasticFlowPolicy, ElasticFlowNoAdmission.name: ElasticFlowNoAdmission,
+    }
+    for info in sorted(pkgutil.iter_modules(baselines.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{baselines.__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, SchedulingPolicy) and cls.__module__ == module.__name__ and "name" in cls.__dict__:
+                found[cls.name] = cls
+    return found
+
+
+POLICIES: dict[str, type[SchedulingPolicy]] = _discover()
 
 
 def make_policy(name: str, topology: Topology, interval: float = 60.0) -> SchedulingPolicy:

@@ -1,0 +1,63 @@
+"""Simulator benchmark: deadline ratios against the paper's reference figures,
+and wall time of the ElasticFlow simulation.
+
+Prints one line per trace, then a JSON summary as the last line. Ratios are
+measured against (a) the reference figures of data/README.md (the authors'
+simulator on the same files) and (b) EDF measured in this same run.
+Run: .venv/bin/python bench/simulate.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler_service.simulator.experiment import Experiment, data_dir  # noqa: E402
+
+# trace, cluster, GPU kind, interval, the authors' ElasticFlow ratio (data/README.md)
+CASES = [
+    ("philly_103959", "n32g8", "A100", 60.0, 0.910),
+    ("elasticVpollux_e", "n16g4", "T4", 60.0, 0.728),
+    ("100jobs_1500lam", "n16g8", "A100", 240.0, 1.000),
+    ("1000job_1500lam", "n8g8", "A100", 240.0, 0.933),
+    ("itp/cluster10", "n16g8", "A100", 60.0, 0.973),
+    ("itp/cluster06", "n16g8", "A100", 60.0, 0.568),
+]
+AUTHORS_PHILLY_WALL_S = 13.5  # the authors' simulator, ElasticFlow on philly_103959 (data/README.md)
+
+
+def main() -> None:
+    data = data_dir()
+    summary = {}
+    for trace, cluster, gpu, interval, reference in CASES:
+        exp = Experiment(data / "traces" / f"{trace}.csv", data / "clusters" / f"{cluster}.csv",
+                         data / "throughputs" / gpu, interval)
+        _, (ef, edf) = exp.run(["elasticflow", "edf"])
+        summary[trace] = {
+            "elasticflow": round(ef.deadline_ratio, 3), "reference": reference,
+            "vs_reference": round(ef.deadline_ratio / reference, 3),
+            "edf": round(edf.deadline_ratio, 3),
+            "vs_edf": round(ef.deadline_ratio / max(edf.deadline_ratio, 1e-9), 2),
+            "admitted_missed": ef.admitted_missed, "wall_s": round(ef.wall_s, 3),
+        }
+        print(f"{trace:18s} {cluster:6s} elasticflow {ef.deadline_ratio:.3f} (reference {reference:.3f}, "
+              f"x{ef.deadline_ratio / reference:.3f})  edf {edf.deadline_ratio:.3f}  "
+              f"admitted missed {ef.admitted_missed}  wall {ef.wall_s:.2f}s", flush=True)
+
+    exp = Experiment(data / "traces" / "philly_103959.csv", data / "clusters" / "n32g8.csv",
+                     data / "throughputs" / "A100", 60.0)
+    walls = [exp.run(["elasticflow"])[1][0].wall_s for _ in range(5)]
+    wall = statistics.median(walls)
+    print(f"philly_103959 elasticflow wall: median {wall:.3f}s of 5; the authors' simulator {AUTHORS_PHILLY_WALL_S}s: "
+          f"{AUTHORS_PHILLY_WALL_S / wall:.1f}x faster (target >= 10x, <= 1.5 s)")
+    summary["philly_wall_s"] = round(wall, 3)
+    summary["speedup_vs_authors"] = round(AUTHORS_PHILLY_WALL_S / wall, 1)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

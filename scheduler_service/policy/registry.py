@@ -32,9 +32,10 @@ def _discover() -> dict[str, type[SchedulingPolicy]]:
 POLICIES: dict[str, type[SchedulingPolicy]] = _discover()
 
 
-def make_policy(name: str, topology: Topology, interval: float = 60.0) -> SchedulingPolicy:
+def make_policy(name: str, topology: Topology, interval: float = 60.0, **options: object) -> SchedulingPolicy:
+    """Build a policy; `options` are policy-specific (see simulator/options.py)."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    return factory(topology, interval=interval)
+    return factory(topology, interval=interval, **options)

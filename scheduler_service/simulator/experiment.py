@@ -11,6 +11,7 @@ from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
 from scheduler_service.simulator.inputs import InputError, load_cluster, load_throughputs, load_trace
 from scheduler_service.simulator.metrics import PolicyResult, summarize
+from scheduler_service.simulator.options import policy_options
 
 
 def data_dir() -> Path:
@@ -49,7 +50,7 @@ class Experiment:
         jobs = load_trace(self.trace, curves)
         runs, results = [], []
         for name in policies:
-            policy = make_policy(name, topology, self.interval)
+            policy = make_policy(name, topology, self.interval, **policy_options(name, self.throughputs))
             progress = None if on_progress is None else (lambda done, total, n=name: on_progress(n, done, total))
             run = simulate(jobs, policy, progress)
             runs.append(run)

@@ -10,7 +10,10 @@ keeps making progress instead of waiting in a queue. What this module does:
   behind it run); the jobs that ran then go to the back, so the ones that
   waited run next. With room for everyone nobody is suspended and nothing
   rotates. The policy asks to be woken at every quantum boundary (a
-  multiple of the interval) while anyone waits.
+  multiple of the interval) while anyone waits. The quantum is one
+  interval by default: 60 s on the paper's traces, the period at which the
+  ElasticFlow artifact's Gandiva rotates too. A suspended job pays the full
+  restart when it resumes, as every job whose GPUs change does here.
 - Packing: Gandiva packs jobs of the same size onto the same servers
   (affinity), which here is the buddy placer keeping same-size blocks
   together. Gandiva's other packing, two jobs sharing one GPU's memory

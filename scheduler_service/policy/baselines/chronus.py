@@ -11,8 +11,8 @@ always admitted, and served from the GPUs the SLO jobs' leases leave free.
 The program (solved with the open-source HiGHS, one thread, fixed seed, node-
 and time-limited) decides how many leases each job holds in each bucket of
 the future: the current lease alone, then single leases, then buckets that
-double in length up to the latest deadline, so it stays small however far the
-deadlines are. In each bucket the leases held must fit the cluster; each job
+double in length up to the latest deadline, split at every deadline, so it
+stays small however far the deadlines are. In each bucket the leases held must fit the cluster; each job
 must hold enough leases ending by its deadline to finish, restart included.
 When earliest-deadline-first already finds such a schedule the program would
 too, so the solver is called only when EDF fails; lease renewal likewise runs
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import highspy
 import numpy as np
@@ -69,16 +69,24 @@ class Demand:
     running: bool
 
 
-def buckets_until(now: float, lease: float, last: int) -> list[Bucket]:
-    """The current lease, FINE_LEASES single leases, then doubling buckets up to lease `last`."""
+def buckets_until(now: float, lease: float, cuts: Iterable[int]) -> list[Bucket]:
+    """The current lease, FINE_LEASES single leases, then doubling buckets up to
+    the last cut, split at every cut (each job's last lease), so that within a
+    bucket every job may use all of its leases or none."""
     first = math.floor(now / lease + 1e-9)
-    out = [Bucket(first, 1, (first + 1) * lease - now)]
-    start, size = first + 1, 1
-    while start < last:
-        if start > first + FINE_LEASES:
+    cuts = set(cuts)
+    last = max(cuts, default=first + 1)
+    bounds = {c for c in cuts if c > first}
+    edge, size = first + 1, 1
+    while edge < last:
+        bounds.add(edge)
+        if edge > first + FINE_LEASES:
             size *= 2
-        out.append(Bucket(start, min(size, last - start), lease))
-        start += out[-1].count
+        edge += size
+    bounds.add(max(last, first + 1))
+    edges = sorted(bounds)
+    out = [Bucket(first, 1, (first + 1) * lease - now)]
+    out += [Bucket(a, b - a, lease) for a, b in zip(edges, edges[1:])]
     return out
 
 
@@ -87,12 +95,38 @@ def usable(demand: Demand, bucket: Bucket) -> int:
     return max(0, min(bucket.count, demand.last_lease - bucket.first))
 
 
+def packs(held: Sequence[tuple[int, int]], count: int, gpus: int, classes: Sequence[int]) -> bool:
+    """Whether leases (width, leases) held in a bucket of `count` leases can fit.
+
+    Area alone is exact for one lease (power-of-two widths always pack), but
+    over many leases it lets two 8-GPU jobs share a 16-GPU cluster with a
+    4-GPU job. So for every width class W, count in W-sized units: jobs at
+    least W wide take w/W units per lease, and narrower jobs take at least
+    one unit in every lease they run in and at least their area / W in all.
+    """
+    if sum(w * y for w, y in held) > gpus * count:
+        return False
+    for unit in classes:
+        wide = sum(w // unit * y for w, y in held if w >= unit)
+        narrow = [(w, y) for w, y in held if w < unit and y]
+        lost = max(max((y for _, y in narrow), default=0), sum(w * y for w, y in narrow) / unit)
+        if wide + lost > gpus // unit * count + 1e-9:
+            return False
+    return True
+
+
+def width_classes(demands: Iterable[Demand]) -> list[int]:
+    widths = sorted({d.width for d in demands})
+    return widths[1:]
+
+
 def edf_schedule(demands: Sequence[Demand], buckets: Sequence[Bucket], gpus: int) -> tuple[bool, list[str]]:
-    """Earliest deadline first, as early as possible, on lease-GPU area per bucket.
+    """Earliest deadline first, as early as possible, leases packed per bucket.
 
     Returns whether every demand is met and the jobs holding the current lease.
     """
-    area = [gpus * b.count for b in buckets]
+    classes = width_classes(demands)
+    held: list[list[tuple[int, int]]] = [[] for _ in buckets]
     now: list[str] = []
     ok = True
     for d in sorted(demands, key=lambda d: d.order):
@@ -100,11 +134,18 @@ def edf_schedule(demands: Sequence[Demand], buckets: Sequence[Bucket], gpus: int
         for i, b in enumerate(buckets):
             if left <= 1e-9:
                 break
-            take = min(usable(d, b), area[i] // d.width, math.ceil(left / b.seconds - 1e-9))
-            if take <= 0:
+            hi = min(usable(d, b), math.ceil(left / b.seconds - 1e-9))
+            lo = 0
+            while lo < hi:  # the most leases that still pack (packing is monotone)
+                mid = (lo + hi + 1) // 2
+                if packs(held[i] + [(d.width, mid)], b.count, gpus, classes):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo <= 0:
                 continue
-            area[i] -= take * d.width
-            left -= take * b.seconds
+            held[i].append((d.width, lo))
+            left -= lo * b.seconds
             if i == 0:
                 now.append(d.job_id)
         ok = ok and left <= 1e-9
@@ -127,18 +168,20 @@ def solve(
     time_limit_s: float,
 ) -> Solution:
     """The lease program. Variables: leases y[j, b] of job j in bucket b
-    (integers), and an unmet demand u[j] >= 0 per job, fixed at 0 unless
-    the job is in `soft`.
+    (integers), an unmet demand u[j] >= 0 per job, fixed at 0 unless the job
+    is in `soft`, and the units z[b, W] that `packs` charges narrow jobs.
 
     With nothing soft it only looks for a schedule. Otherwise it minimizes the
     unmet demand (relative to each job's need), then prefers renewing running
     leases and using the current lease.
     """
     nj, nb = len(demands), len(buckets)
+    classes = width_classes(demands)
     ny = nj * nb
-    nvar = ny + nj
+    nz = nb * len(classes)  # W-units lost to narrower jobs, per bucket and class
+    nvar = ny + nj + nz
     lower = np.zeros(nvar)
-    upper = np.empty(nvar)
+    upper = np.full(nvar, highspy.kHighsInf)
     cost = np.zeros(nvar)
     for j, d in enumerate(demands):
         for b, bucket in enumerate(buckets):
@@ -164,6 +207,33 @@ def solve(
         value.append(1.0)
         rows_lo.append(d.need)
         rows_hi.append(highspy.kHighsInf)
+    for b, bucket in enumerate(buckets):  # packing by width class, as in `packs`
+        for k, unit in enumerate(classes):
+            z = ny + nj + b * len(classes) + k
+            narrow = [j for j, d in enumerate(demands) if d.width < unit]
+            for j in narrow:  # z >= y[j, b]
+                starts.append(len(index))
+                index += [z, j * nb + b]
+                value += [1.0, -1.0]
+                rows_lo.append(0.0)
+                rows_hi.append(highspy.kHighsInf)
+            starts.append(len(index))  # z >= narrow area / unit
+            index.append(z)
+            value.append(1.0)
+            for j in narrow:
+                index.append(j * nb + b)
+                value.append(-demands[j].width / unit)
+            rows_lo.append(0.0)
+            rows_hi.append(highspy.kHighsInf)
+            starts.append(len(index))  # wide units + z fit the bucket
+            index.append(z)
+            value.append(1.0)
+            for j, d in enumerate(demands):
+                if d.width >= unit:
+                    index.append(j * nb + b)
+                    value.append(float(d.width // unit))
+            rows_lo.append(-highspy.kHighsInf)
+            rows_hi.append(float(gpus // unit * bucket.count))
 
     h = highspy.Highs()
     for option, setting in (("output_flag", False), ("threads", 1), ("random_seed", SEED),
@@ -258,7 +328,7 @@ class ChronusPolicy(SchedulingPolicy):
         if job.deadline <= now:
             return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed")
         new = self._demand(job.job_id, status[job.job_id])
-        alone = buckets_until(now, self.lease, new.last_lease)
+        alone = buckets_until(now, self.lease, [new.last_lease])
         if not edf_schedule([new], alone, self.topology.num_gpus)[0]:
             earliest = (alone[0].first + math.ceil(new.need / self.lease) + 1) * self.lease
             return self._reject(job, RejectReason.INFEASIBLE_ALONE,
@@ -283,7 +353,7 @@ class ChronusPolicy(SchedulingPolicy):
         alone already fall short (restarts they did not plan for), the
         newcomer fits without making their shortfall any worse."""
         everyone = admitted + [new]
-        buckets = buckets_until(now, self.lease, max(d.last_lease for d in everyone))
+        buckets = buckets_until(now, self.lease, [d.last_lease for d in everyone])
         gpus = self.topology.num_gpus
         if edf_schedule(everyone, buckets, gpus)[0]:
             return True
@@ -303,14 +373,14 @@ class ChronusPolicy(SchedulingPolicy):
         demands = []
         for job_id in sorted(self.slo):
             d = self._demand(job_id, status[job_id])
-            if edf_schedule([d], buckets_until(now, self.lease, d.last_lease), gpus)[0]:
+            if edf_schedule([d], buckets_until(now, self.lease, [d.last_lease]), gpus)[0]:
                 demands.append(d)
             else:  # cannot finish in time even alone: its SLO is lost, it runs best-effort
                 self.slo.discard(job_id)
         solved = False
         chosen: list[str] = []
         if demands:
-            buckets = buckets_until(now, self.lease, max(d.last_lease for d in demands))
+            buckets = buckets_until(now, self.lease, [d.last_lease for d in demands])
             ok, chosen = edf_schedule(demands, buckets, gpus)
             if not ok:
                 plan = solve(demands, buckets, gpus, frozenset(self.slo), self.node_limit, self.time_limit_s)

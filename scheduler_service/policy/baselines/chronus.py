@@ -115,6 +115,14 @@ def packs(held: Sequence[tuple[int, int]], count: int, gpus: int, classes: Seque
     return True
 
 
+def alone_seconds(demand: Demand, now: float, lease: float) -> float:
+    """Seconds of leases ending by the deadline, on an otherwise idle cluster."""
+    first = math.floor(now / lease + 1e-9)
+    if demand.last_lease <= first:
+        return 0.0
+    return (first + 1) * lease - now + (demand.last_lease - first - 1) * lease
+
+
 def width_classes(demands: Iterable[Demand]) -> list[int]:
     widths = sorted({d.width for d in demands})
     return widths[1:]
@@ -135,7 +143,7 @@ def edf_schedule(demands: Sequence[Demand], buckets: Sequence[Bucket], gpus: int
             if left <= 1e-9:
                 break
             hi = min(usable(d, b), math.ceil(left / b.seconds - 1e-9))
-            lo = 0
+            lo = hi if packs(held[i] + [(d.width, hi)], b.count, gpus, classes) else 0
             while lo < hi:  # the most leases that still pack (packing is monotone)
                 mid = (lo + hi + 1) // 2
                 if packs(held[i] + [(d.width, mid)], b.count, gpus, classes):
@@ -328,9 +336,8 @@ class ChronusPolicy(SchedulingPolicy):
         if job.deadline <= now:
             return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed")
         new = self._demand(job.job_id, status[job.job_id])
-        alone = buckets_until(now, self.lease, [new.last_lease])
-        if not edf_schedule([new], alone, self.topology.num_gpus)[0]:
-            earliest = (alone[0].first + math.ceil(new.need / self.lease) + 1) * self.lease
+        if alone_seconds(new, now, self.lease) < new.need - 1e-9:
+            earliest = (math.floor(now / self.lease + 1e-9) + math.ceil(new.need / self.lease) + 1) * self.lease
             return self._reject(job, RejectReason.INFEASIBLE_ALONE,
                                 f"{new.need:.0f} s on {width} GPUs do not fit in the leases before the deadline",
                                 earliest)
@@ -373,7 +380,7 @@ class ChronusPolicy(SchedulingPolicy):
         demands = []
         for job_id in sorted(self.slo):
             d = self._demand(job_id, status[job_id])
-            if edf_schedule([d], buckets_until(now, self.lease, [d.last_lease]), gpus)[0]:
+            if alone_seconds(d, now, self.lease) >= d.need - 1e-9:
                 demands.append(d)
             else:  # cannot finish in time even alone: its SLO is lost, it runs best-effort
                 self.slo.discard(job_id)

@@ -20,7 +20,7 @@ from scheduler_service.policy.baselines.pollux import (
 from scheduler_service.policy.interface import RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest
 from scheduler_service.policy.jobs import JobStatus
 from scheduler_service.simulator.engine import simulate
-from scheduler_service.simulator.inputs import InputError
+from scheduler_service.simulator.inputs import InputError, load_throughputs
 from scheduler_service.simulator.pollux_data import goodput_for, load_goodput, load_model
 from tests.conftest import DATA
 
@@ -147,6 +147,18 @@ def test_goodput_parser_reads_the_pollux_artifact():
     assert all(math.isfinite(v) and v >= 0 for t in cifar.noise.values() for v in t.noise_scale)
     assert goodput_for(DATA / "throughputs" / "T4") is not None
     assert goodput_for(DATA / "throughputs" / "A100") is None  # measured on T4 only
+
+
+def test_goodput_step_times_reproduce_the_t4_throughput_curves():
+    """The T4 curves were measured from the same data: seconds per step at the
+    trace's batch (with gradient accumulation) must give the same iterations/s,
+    so progress at the job's own batch is the same under both."""
+    model = goodput_for(DATA / "throughputs" / "T4")
+    for (name, batch), curve in load_throughputs(DATA / "throughputs" / "T4").items():
+        data = model.models[name]
+        for gpus, speed in curve.points.items():
+            seconds = data.step_seconds(data.times_for(gpus, 4), gpus, batch)
+            assert 1 / seconds == pytest.approx(speed, rel=1e-6), (name, batch, gpus)
 
 
 @pytest.mark.parametrize("file,line,replace,field", [

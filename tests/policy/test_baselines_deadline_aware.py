@@ -60,6 +60,26 @@ def test_chronus_rejects_a_deadline_that_has_passed_and_keeps_best_effort_jobs()
     assert reply.allocation == {"free": 1}
 
 
+def test_chronus_pads_run_time_estimates_by_its_margin():
+    close = job("close", 4 * 1000, 1100.0, gpus=4)  # 1000 s + a 33 s restart: 6% to spare
+    for margin, admitted in ((1.0, True), (1.1, False)):
+        policy = make_policy("chronus", Topology(1, 1, 4), interval=60.0, lease_s=60.0, estimate_margin=margin)
+        assert policy.schedule(SchedulingRequest(0.0, [close])).decisions[0].admitted is admitted
+
+
+def test_chronus_lets_a_lease_run_to_its_end():
+    policy = make_policy("chronus", Topology(1, 1, 4), interval=60.0, lease_s=240.0, estimate_margin=1.0)
+    holder = job("holder", 4 * 600, 3000.0, gpus=4)
+    assert policy.schedule(SchedulingRequest(0.0, [holder])).allocation == {"holder": 4}
+    urgent = job("urgent", 4 * 300, 1500.0, gpus=4, submit=60.0)  # earlier deadline, same GPUs
+    running = {"holder": JobStatus(4 * 540, 4)}
+    mid = policy.schedule(SchedulingRequest(60.0, [urgent], status=running))
+    assert mid.decisions[0].admitted and mid.allocation == {"holder": 4, "urgent": 0}
+    running = {"holder": JobStatus(4 * 360, 4), "urgent": JobStatus(4 * 300)}
+    renewal = policy.schedule(SchedulingRequest(240.0, status=running))
+    assert renewal.allocation == {"holder": 0, "urgent": 4}  # EDF takes the next lease
+
+
 def test_lease_program_finds_a_schedule_exactly_when_one_exists():
     buckets = [Bucket(0, 1, 60.0), Bucket(1, 1, 60.0), Bucket(2, 2, 60.0)]
     wide = Demand("wide", 4, 120.0, 2, (120.0, 0.0, "wide"), False)  # both first leases, whole cluster
@@ -81,7 +101,8 @@ def test_chronus_admitted_jobs_meet_their_deadlines_on_a_hand_made_trace():
         job("crowd", 8 * 1500, 1900.0, gpus=8, submit=180.0, curve=eight),  # would push "long" past its deadline
         job("be", 3000, None, gpus=4, submit=0.0),
     ]
-    run = simulate(jobs, make_policy("chronus", Topology(1, 2, 8), interval=60.0))
+    policy = make_policy("chronus", Topology(1, 2, 8), interval=60.0, lease_s=60.0, estimate_margin=1.0)
+    run = simulate(jobs, policy)
     records = {r.job.job_id: r for r in run.records}
     assert records["crowd"].decision.reason is RejectReason.INSUFFICIENT_CAPACITY
     assert all(records[j].decision.admitted for j in ("long", "short", "tight", "be"))

@@ -1,23 +1,28 @@
 """Chronus (Gao et al., SoCC'21): lease-based SLO scheduling with MILP admission.
 
 Server-centric: a job runs on exactly the GPUs it asked for, or waits. Time is
-cut into leases (a multiple of the scheduling interval); at every lease
-boundary each running job's lease is renewed or taken back. A deadline (SLO)
-job is admitted only if a mixed-integer program finds a lease schedule on its
+cut into leases (a multiple of the scheduling interval; 240 s by default, as
+the ElasticFlow authors ran Chronus); a lease runs to its end, and at every
+lease boundary each lease is renewed or taken back. A deadline (SLO) job is
+admitted only if a mixed-integer program finds a lease schedule on its
 requested GPU count that meets its deadline and every admitted deadline;
 otherwise it is rejected at once. Jobs without a deadline are best-effort:
 always admitted, and served from the GPUs the SLO jobs' leases leave free.
+Run-time estimates carry Chronus's safety margin (10% by default, as in the
+authors' runs) on top of the restart.
 
 The program (solved with the open-source HiGHS, one thread, fixed seed, node-
 and time-limited) decides how many leases each job holds in each bucket of
 the future: the current lease alone, then single leases, then buckets that
 double in length up to the latest deadline, split at every deadline, so it
-stays small however far the deadlines are. In each bucket the leases held must fit the cluster; each job
-must hold enough leases ending by its deadline to finish, restart included.
-When earliest-deadline-first already finds such a schedule the program would
-too, so the solver is called only when EDF fails; lease renewal likewise runs
-EDF's first lease when EDF meets every deadline and the program's otherwise
-(with shortfalls allowed and minimized, so it always has an answer).
+stays small however far the deadlines are. In each bucket the leases held must
+pack into the cluster (`packs`); each job must hold enough leases ending by
+its deadline to finish. When earliest-deadline-first already finds such a
+schedule the program would too, so the solver is called only when EDF fails;
+lease renewal likewise runs EDF's first lease when EDF meets every deadline
+and the program's otherwise (with shortfalls allowed and minimized, so it
+always has an answer). An admitted job whose deadline can no longer be met
+even alone loses its SLO and runs best-effort.
 """
 
 from __future__ import annotations
@@ -269,17 +274,19 @@ class ChronusPolicy(SchedulingPolicy):
         self,
         topology: Topology,
         interval: float = 60.0,
-        lease_intervals: int = 1,
+        lease_s: float = 240.0,
+        estimate_margin: float = 1.1,
         node_limit: int = 500,
         time_limit_s: float = 2.0,
         **kwargs,
     ) -> None:
         super().__init__(topology, interval, **kwargs)
-        if lease_intervals < 1:
-            raise ValueError("a lease is a positive number of scheduling intervals")
-        self.lease = interval * lease_intervals
+        if lease_s <= 0 or estimate_margin < 1:
+            raise ValueError("a lease must be positive and the estimate margin at least 1")
+        self.lease = max(1, round(lease_s / interval)) * interval
         self.node_limit = node_limit
         self.time_limit_s = time_limit_s
+        self.estimate_margin = estimate_margin
         self.jobs: dict[str, Job] = {}
         self.width: dict[str, int] = {}
         self.slo: set[str] = set()  # admitted deadline jobs whose deadline is still ahead
@@ -319,7 +326,7 @@ class ChronusPolicy(SchedulingPolicy):
         job, width = self.jobs[job_id], self.width[job_id]
         restart = st.overhead_left if st.gpus == width else self.clock.overhead(width)
         assert job.deadline is not None
-        return Demand(job_id, width, st.remaining / job.curve.speed(width) + restart,
+        return Demand(job_id, width, st.remaining / job.curve.speed(width) * self.estimate_margin + restart,
                       math.floor(job.deadline / self.lease + 1e-9),
                       (job.deadline, job.submit_time, job_id), st.gpus == width)
 
@@ -374,6 +381,9 @@ class ChronusPolicy(SchedulingPolicy):
         return after.found and after.penalty <= before.penalty + 1e-6
 
     # -- lease renewal --------------------------------------------------------
+    def _at_boundary(self, now: float) -> bool:
+        return abs(now / self.lease - round(now / self.lease)) < 1e-9
+
     def _renew(self, now: float, status: Mapping[str, JobStatus]) -> tuple[dict[str, int], bool]:
         """Who holds the next lease: SLO jobs by the schedule, then the rest."""
         gpus = self.topology.num_gpus
@@ -385,14 +395,16 @@ class ChronusPolicy(SchedulingPolicy):
             else:  # cannot finish in time even alone: its SLO is lost, it runs best-effort
                 self.slo.discard(job_id)
         solved = False
-        chosen: list[str] = []
+        # Leases run to their end: between boundaries only free GPUs are handed out.
+        chosen = [] if self._at_boundary(now) else sorted(j for j, st in status.items() if st.gpus)
         if demands:
             buckets = buckets_until(now, self.lease, [d.last_lease for d in demands])
-            ok, chosen = edf_schedule(demands, buckets, gpus)
+            ok, first = edf_schedule(demands, buckets, gpus)
             if not ok:
                 plan = solve(demands, buckets, gpus, frozenset(self.slo), self.node_limit, self.time_limit_s)
                 if plan.found:
-                    chosen, solved = list(plan.now), True
+                    first, solved = list(plan.now), True
+            chosen += first
         never = float("inf")
         rest = sorted(self.jobs.values(), key=lambda j: (j.job_id not in self.slo,
                                                           j.deadline if j.job_id in self.slo else never,
@@ -400,8 +412,8 @@ class ChronusPolicy(SchedulingPolicy):
         alloc = {j: 0 for j in self.jobs}
         free = gpus
         for job_id in chosen + [j.job_id for j in rest]:
-            width = self.width[job_id]
-            if not alloc[job_id] and width <= free:
+            width = self.width.get(job_id, 0)
+            if job_id in alloc and not alloc[job_id] and width <= free:
                 alloc[job_id] = width
                 free -= width
         return alloc, solved

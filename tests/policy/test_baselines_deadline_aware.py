@@ -75,6 +75,7 @@ def test_chronus_lets_a_lease_run_to_its_end():
     running = {"holder": JobStatus(4 * 540, 4)}
     mid = policy.schedule(SchedulingRequest(60.0, [urgent], status=running))
     assert mid.decisions[0].admitted and mid.allocation == {"holder": 4, "urgent": 0}
+    assert mid.wake_at == 240.0  # the lease boundary where "urgent" is due
     running = {"holder": JobStatus(4 * 360, 4), "urgent": JobStatus(4 * 300)}
     renewal = policy.schedule(SchedulingRequest(240.0, status=running))
     assert renewal.allocation == {"holder": 0, "urgent": 4}  # EDF takes the next lease

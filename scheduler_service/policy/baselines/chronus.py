@@ -304,10 +304,10 @@ class ChronusPolicy(SchedulingPolicy):
         for job in sorted(request.arrivals, key=lambda j: (j.submit_time, j.job_id)):
             status.setdefault(job.job_id, JobStatus(job.iterations))
             decisions.append(self._arrive(job, now, status))
-        alloc, solved = self._renew(now, status)
+        alloc, renew_next = self._renew(now, status)
         running = {j for j, g in alloc.items() if g and status[j].gpus == g}
         wake = None
-        if solved:
+        if renew_next:
             wake = (math.floor(now / self.lease + 1e-9) + 1) * self.lease
         deadlines = [self.jobs[j].deadline for j in self.slo]
         if deadlines:  # a missed deadline turns the job best-effort: re-plan then
@@ -385,7 +385,11 @@ class ChronusPolicy(SchedulingPolicy):
         return abs(now / self.lease - round(now / self.lease)) < 1e-9
 
     def _renew(self, now: float, status: Mapping[str, JobStatus]) -> tuple[dict[str, int], bool]:
-        """Who holds the next lease: SLO jobs by the schedule, then the rest."""
+        """Who holds the next lease: SLO jobs by the schedule, then the rest.
+
+        Also says whether the next lease boundary must be a tick: when the
+        schedule came from the solver (it may change lease by lease), or when
+        a job the schedule wants now is waiting for a lease to end."""
         gpus = self.topology.num_gpus
         demands = []
         for job_id in sorted(self.slo):
@@ -395,6 +399,7 @@ class ChronusPolicy(SchedulingPolicy):
             else:  # cannot finish in time even alone: its SLO is lost, it runs best-effort
                 self.slo.discard(job_id)
         solved = False
+        first: list[str] = []
         # Leases run to their end: between boundaries only free GPUs are handed out.
         chosen = [] if self._at_boundary(now) else sorted(j for j, st in status.items() if st.gpus)
         if demands:
@@ -416,5 +421,5 @@ class ChronusPolicy(SchedulingPolicy):
             if job_id in alloc and not alloc[job_id] and width <= free:
                 alloc[job_id] = width
                 free -= width
-        return alloc, solved
+        return alloc, solved or any(not alloc[j] for j in first)
 

@@ -17,7 +17,11 @@ Progress, with goodput data: the trace counts iterations at the job's own
 batch M0. A job at batch M advances, per second, by steps/s(M) x (M / M0) x
 efficiency(M) / efficiency(M0) iterations of M0: it is done when it has done
 the statistical work of its original run. `speed(job, gpus)` gives that rate,
-on the throughput curve's scale (M = M0 gives exactly `curve.points[gpus]`).
+on the throughput curve's scale (M = M0 gives exactly `curve.points[gpus]`:
+the T4 curves were measured from the same step times). A simulator that asks
+the policy for `speed` advances Pollux jobs at that rate; one that reads only
+the curve credits them with their own batch's throughput, so larger batches
+then change Pollux's decisions but not its jobs' progress.
 
 Without goodput data for a model (the A100 traces), goodput is throughput:
 efficiency 1 at the fixed trace batch, and `note` says so.
@@ -286,7 +290,9 @@ class PolluxPolicy(SchedulingPolicy):
             if not bigger:
                 return None
             want = bigger[0]
-            gain = (utility(job, have) - utility(job, want)) / (want - have)
+            # p < 0 minimizes sum(speedup^p), p > 0 maximizes it: both raise the p-mean.
+            sign = 1.0 if FAIRNESS_P < 0 else -1.0
+            gain = sign * (utility(job, have) - utility(job, want)) / (want - have)
             return (-gain, job.job_id, want) if gain > 0 else None
 
         heap = [c for c in (candidate(j) for j in order if alloc[j.job_id]) if c is not None]

@@ -46,6 +46,11 @@ def test_chronus_admits_a_feasible_job_and_rejects_one_the_leases_cannot_hold():
     assert not by_id["b"].admitted and by_id["b"].reason is RejectReason.INSUFFICIENT_CAPACITY
     assert not by_id["c"].admitted and by_id["c"].reason is RejectReason.INFEASIBLE_ALONE
     assert by_id["c"].earliest_feasible_deadline > 120.0 and by_id["b"].message
+    later = by_id["b"].earliest_feasible_deadline  # after "a", which holds the cluster until ~660 s
+    assert 1200.0 <= later <= 1500.0
+    again = make_policy("chronus", Topology(1, 1, 4), interval=60.0)
+    decisions = again.schedule(SchedulingRequest(0.0, [first, job("b", 4 * 600, later, gpus=4)])).decisions
+    assert all(d.admitted for d in decisions)
     assert reply.allocation == {"a": 4}
 
 

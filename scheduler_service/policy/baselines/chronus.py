@@ -351,7 +351,8 @@ class ChronusPolicy(SchedulingPolicy):
         admitted = [self._demand(j, status[j]) for j in sorted(self.slo)]
         if not self._admissible(admitted, new, now):
             return self._reject(job, RejectReason.INSUFFICIENT_CAPACITY,
-                                f"no lease schedule on {width} GPUs meets this deadline and every admitted one")
+                                f"no lease schedule on {width} GPUs meets this deadline and every admitted one",
+                                self._earliest_lease_end(admitted, new, now) * self.lease)
         self.slo.add(job.job_id)
         return Decision(job_id=job.job_id, admitted=True, guaranteed=True, share=width,
                         message=f"a lease schedule on {width} GPUs meets every admitted deadline")
@@ -379,6 +380,28 @@ class ChronusPolicy(SchedulingPolicy):
         before = solve(admitted, buckets, gpus, slack, self.node_limit, self.time_limit_s)
         after = solve(everyone, buckets, gpus, slack, self.node_limit, self.time_limit_s)
         return after.found and after.penalty <= before.penalty + 1e-6
+
+    def _earliest_lease_end(self, admitted: list[Demand], new: Demand, now: float) -> int:
+        """The earliest lease boundary that, as the newcomer's deadline, lets EDF
+        meet every deadline (the admission test's first, cheapest attempt)."""
+        gpus = self.topology.num_gpus
+
+        def fits(last: int) -> bool:
+            moved = Demand(new.job_id, new.width, new.need, last, (last * self.lease, *new.order[1:]), new.running)
+            everyone = admitted + [moved]
+            return edf_schedule(everyone, buckets_until(now, self.lease, [d.last_lease for d in everyone]), gpus)[0]
+
+        lo, step = new.last_lease + 1, 1
+        hi = lo
+        while not fits(hi):  # past every admitted deadline plus its own run it always fits
+            lo, hi, step = hi + 1, hi + step, step * 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
 
     # -- lease renewal --------------------------------------------------------
     def _at_boundary(self, now: float) -> bool:

@@ -126,7 +126,9 @@ class Segment:
                     on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                self.kill()
+                # Survivors are stuck in a collective with a dead peer: no point
+                # in a graceful stop, the last checkpoint is what we resume from.
+                self.kill(grace_s=0.0)
                 rank, code = failed[0]
                 error = f"worker rank {rank} exited with {code}: {self._log_tail(rank)}"
                 log.warning("segment crashed run_key=%s rank=%d code=%s", self.spec.run_key, rank, code)

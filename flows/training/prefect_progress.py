@@ -2,13 +2,14 @@
 `elasticflow.training.*` events, so the UI shows it and the scheduler can read it.
 
 Prefect is a window onto training, not part of it: every call is guarded, the
-first failure is logged as a warning, and after it Prefect publishing is switched
-off for the rest of the run so an unreachable API cannot slow the workers' loop.
+first failure is logged as a warning, and after it Prefect publishing pauses for
+`retry_after_s` so an unreachable API cannot slow the supervision loop.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from flows.training.progress import ProgressSnapshot, ProgressTracker
@@ -19,11 +20,16 @@ ARTIFACT_KEY = "elasticflow-training-progress"
 
 
 class PrefectProgress(ProgressTracker):
-    def __init__(self, *args: Any, flow_run_id: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, flow_run_id: str, retry_after_s: float = 60.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.flow_run_id = flow_run_id
         self.artifact_id: Any = None
-        self.enabled = True
+        self.retry_after_s = retry_after_s
+        self.paused_until = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return time.time() >= self.paused_until
 
     def _safely(self, what: str, call: Callable[[], Any]) -> Any:
         if not self.enabled:
@@ -31,8 +37,10 @@ class PrefectProgress(ProgressTracker):
         try:
             return call()
         except Exception as exc:  # Prefect must never fail training
-            self.enabled = False
-            log.warning("Prefect %s failed, progress now only in logs and status file: %s", what, exc)
+            self.paused_until = time.time() + self.retry_after_s
+            log.warning(
+                "Prefect %s failed; progress only in logs and the status file for %.0f s: %s", what, self.retry_after_s, exc
+            )
             return None
 
     def publish(self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None) -> None:

@@ -50,7 +50,7 @@ class TrainResult(BaseModel):
     status: Literal["completed", "stopped", "preempted"]
     iterations: int
     total_iterations: int
-    losses: list[float]
+    losses: list[float] = Field(description="global mean loss at every iteration since the run began")
     segments: list[SegmentResult]
     rescales: list[RescaleRecord]
     restarts: int
@@ -136,7 +136,7 @@ def run_training(
     override: list[int] | None = ack.gpus if ack else None  # a restarted flow keeps the scheduler's last word
     done = storage.iterations(run_key)
     iteration = done[-1] if done else 0
-    losses: dict[int, float] = {}
+    history: list[float] = []
     segments: list[SegmentResult] = []
     rescales: list[RescaleRecord] = []
     restarts = 0
@@ -220,7 +220,7 @@ def run_training(
                 )
                 rescales.append(record)
                 tracker.rescaled(record.from_gpus, record.to_gpus, record.iteration, seconds)
-            losses.update(result.losses)
+            history = result.history
             iteration = result.end_iteration
             previous = result
             if result.reason == "terminated" or termination.received:
@@ -232,13 +232,12 @@ def run_training(
         raise
     tracker.finished(status)
     termination.restore_and_forward()  # checkpoint is safe: now let SIGTERM do what it would have done
-    ordered = [losses[i] for i in sorted(losses)]
     return TrainResult(
         run_key=run_key,
         status=status,
         iterations=iteration,
         total_iterations=total,
-        losses=ordered,
+        losses=history,
         segments=segments,
         rescales=rescales,
         restarts=restarts,

@@ -97,6 +97,9 @@ class Worker:
         self.data = load_dataset(self.spec.dataset)
         torch.manual_seed(self.spec.hyperparameters.seed)
         self.model = build_model(self.spec.model, self.spec.model_kwargs).to(self.device)
+        # Wrapped before restoring: DDP keeps references to the parameters, and
+        # load_state_dict copies into them in place.
+        self.ddp = DistributedDataParallel(self.model, device_ids=[0] if self.spec.device == "cuda" else None)
         self.optimizer = build_optimizer(self.model, self.spec)
         self.timings.ready_t = time.time()
 
@@ -121,7 +124,6 @@ class Worker:
             self.iteration = int(state["iteration"])
             self.history = list(state["history"])
             _set_rng_state(state["rng"])
-        self.ddp = DistributedDataParallel(self.model, device_ids=[0] if self.spec.device == "cuda" else None)
         dist.barrier()
         self.timings.load_s = time.perf_counter() - start
         self.timings.loaded_t = time.time()
@@ -219,6 +221,7 @@ class Worker:
             end_iteration=self.iteration,
             reason=reason,
             losses={i: self.history[i] for i in range(start_iteration, self.iteration)},
+            history=self.history,
             timings=self.timings,
             checkpoint_iteration=getattr(self, "last_checkpoint", None),
         )

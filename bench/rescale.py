@@ -1,0 +1,104 @@
+"""Rescale benchmark: ResNet-18 on synthetic 32x32 images, resized 2 -> 4 -> 1
+worker slots, against the same job never resized (2 slots throughout).
+
+Measures what a resize costs and checks it changes nothing:
+- rescale_s: stop seen at an iteration boundary -> checkpoint saved -> workers
+  exit -> new workers start -> checkpoint loaded -> ready for the first new
+  iteration (mean over the two resizes);
+- save_s / load_s: checkpoint save and restore (means over the resizes);
+- start_s: process start to ready (torch imported, process group up, model
+  built) of the relaunched segments (mean);
+- max_loss_rel_diff: largest relative difference between the two runs' losses
+  at the same iteration.
+Goals: rescale_s <= 2 x (save_s + load_s) + start_s; max_loss_rel_diff <= 1e-3;
+save_s < 1 s. Prints a few lines, then one JSON object as the last line.
+Run: .venv/bin/python bench/rescale.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows.training.params import TrainParameters  # noqa: E402
+from flows.training.runtime import TrainResult, run_training  # noqa: E402
+
+ITERATIONS = 12
+SWITCH_AT = [4, 8]
+PLAN = [[0, 1], [0, 1, 2, 3], [0]]
+
+
+def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str) -> tuple[TrainResult, float]:
+    params = TrainParameters(
+        model="resnet",
+        dataset={"name": "synthetic-images", "options": {"size": 256}},
+        hyperparameters={"global_batch_size": 16, "learning_rate": 0.001, "momentum": 0.9},
+        iterations=ITERATIONS,
+        gpu_plan=plan,
+        switch_at=switch_at,
+        checkpoint_interval=1000,  # only the rescale checkpoints: that is what is measured
+        checkpoint_store=str(root / "checkpoints"),
+        control_dir=str(root / "control"),
+        device="cpu",
+    )
+    start = time.perf_counter()
+    result = run_training(params, key)
+    return result, time.perf_counter() - start
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="elasticflow-bench-") as tmp:
+        root = Path(tmp)
+        resized, resized_wall = train(PLAN, SWITCH_AT, root, "resized")
+        steady, steady_wall = train([[0, 1]], [], root, "steady")
+    assert resized.status == steady.status == "completed", (resized.status, steady.status)
+    assert len(resized.losses) == len(steady.losses) == ITERATIONS
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(resized.losses, steady.losses)]
+    relaunched = resized.segments[1:]
+    rescale = [r.seconds for r in resized.rescales if r.seconds is not None]
+    saves = [s for seg in resized.segments[:-1] for s in seg.timings.save_s]
+    loads = [seg.timings.load_s for seg in relaunched]
+    starts = [seg.timings.ready_t - seg.timings.launch_t for seg in relaunched]
+    to_first = [
+        seg.timings.first_iteration_t - (prev.timings.stop_seen_t or max(prev.timings.iteration_end_t.values()))
+        for prev, seg in zip(resized.segments, relaunched)
+        if seg.timings.first_iteration_t
+    ]
+    summary = {
+        "rescale_s": statistics.mean(rescale),
+        "save_s": statistics.mean(saves),
+        "load_s": statistics.mean(loads),
+        "start_s": statistics.mean(starts),
+        "max_loss_rel_diff": max(rel),
+        "rescale_to_first_iteration_end_s": statistics.mean(to_first),
+        "rescales": [
+            {"from": r.from_gpus, "to": r.to_gpus, "at": r.iteration, "seconds": r.seconds} for r in resized.rescales
+        ],
+        "start_s_each": starts,
+        "resized_wall_s": resized_wall,
+        "steady_wall_s": steady_wall,
+        "iterations": ITERATIONS,
+        "final_loss": resized.losses[-1],
+        "first_loss": resized.losses[0],
+    }
+    budget = 2 * (summary["save_s"] + summary["load_s"]) + summary["start_s"]
+    summary["goal_rescale"] = summary["rescale_s"] <= budget
+    summary["goal_loss"] = summary["max_loss_rel_diff"] <= 1e-3
+    summary["goal_save"] = summary["save_s"] < 1.0
+    for r in summary["rescales"]:
+        print(f"rescale {r['from']} -> {r['to']} at iteration {r['at']}: {r['seconds']:.2f} s")
+    print(f"start {summary['start_s']:.2f} s, save {summary['save_s']:.3f} s, load {summary['load_s']:.3f} s; budget {budget:.2f} s")
+    print(f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}; max relative difference {summary['max_loss_rel_diff']:.2e}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

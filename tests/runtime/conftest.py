@@ -1,0 +1,74 @@
+"""Fixtures for the training runtime tests: every test gets its own
+ELASTICFLOW_HOME, checkpoint folder and control folder, so runs never share state."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from flows.training.launcher import Segment
+from flows.training.params import TrainParameters
+
+
+@pytest.fixture(autouse=True)
+def elasticflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
+    monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+    return home
+
+
+@pytest.fixture
+def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
+    """Small MLP runs: uneven shards (30 over 4) and gradient accumulation (micro-batch 4)."""
+
+    def make(**overrides: Any) -> TrainParameters:
+        values: dict[str, Any] = dict(
+            model="mlp",
+            hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+            iterations=24,
+            checkpoint_interval=4,
+            checkpoint_store=str(tmp_path / "checkpoints"),
+            control_dir=str(tmp_path / "control"),
+            device="cpu",
+        )
+        values.update(overrides)
+        return TrainParameters(**values)
+
+    return make
+
+
+def when_iteration_reaches(segment: Segment, iteration: int, action: Callable[[], None], timeout_s: float = 60) -> threading.Thread:
+    """Run `action` from a thread once rank 0 has logged `iteration` (polled every 2 ms)."""
+
+    def watch() -> None:
+        path = segment.dir / "progress.jsonl"
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if path.exists():
+                lines = path.read_text().splitlines()
+                if lines and '"iteration": ' in lines[-1]:
+                    import json
+
+                    try:
+                        if json.loads(lines[-1])["iteration"] >= iteration:
+                            action()
+                            return
+                    except ValueError:
+                        pass
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def progress_iterations(segment_dir: Path) -> list[int]:
+    import json
+
+    path = segment_dir / "progress.jsonl"
+    return [json.loads(line)["iteration"] for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

@@ -1,0 +1,163 @@
+"""Real DDP (gloo, separate processes) resized, steered, signalled and killed.
+
+The reference is the same job on one worker slot, never resized: every other
+run must reproduce its loss at every iteration (up to float reduction order).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from elasticflow_block import CheckpointStorage
+from flows.training.control import FileControlChannel
+from flows.training.launcher import Segment
+from flows.training.params import TrainParameters
+from flows.training.runtime import TrainResult, run_training
+from tests.runtime.conftest import progress_iterations, when_iteration_reaches
+
+pytestmark = pytest.mark.slow
+
+REL_TOL = 1e-4
+N = 240  # iterations of every run here; the reference is computed once per test process
+
+
+def assert_same_trajectory(losses: list[float], reference: list[float]) -> None:
+    assert len(losses) == len(reference)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    assert worst <= REL_TOL, f"largest relative loss difference {worst:.2e}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], list[float]]:
+    """Losses of the never-resized job on one worker slot (computed once per test process)."""
+    cache: dict[int, list[float]] = {}
+
+    def get(iterations: int = N) -> list[float]:
+        if iterations not in cache:
+            root = tmp_path_factory.mktemp(f"reference{iterations}")
+            params = TrainParameters(
+                model="mlp",
+                hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+                iterations=iterations,
+                checkpoint_interval=1000,
+                checkpoint_store=str(root / "ck"),
+                control_dir=str(root / "ctl"),
+                device="cpu",
+            )
+            cache[iterations] = run_training(params, "reference").losses
+        return cache[iterations]
+
+    return get
+
+
+def test_resized_2_4_1_follows_the_never_resized_trajectory(make_params: Callable[..., TrainParameters], reference: Any) -> None:
+    params = make_params(gpu_plan=[[0, 1], [0, 1, 2, 3], [0]], switch_at=[80, 160], iterations=N)
+    result = run_training(params, "resized")
+    assert result.status == "completed" and result.iterations == N
+    assert [(s.gpus, s.start_iteration, s.end_iteration) for s in result.segments] == [
+        ([0, 1], 0, 80),
+        ([0, 1, 2, 3], 80, 160),
+        ([0], 160, N),
+    ]
+    assert [(r.from_gpus, r.to_gpus, r.iteration) for r in result.rescales] == [
+        ([0, 1], [0, 1, 2, 3], 80),
+        ([0, 1, 2, 3], [0], 160),
+    ]
+    assert all(r.seconds is not None and r.seconds > 0 for r in result.rescales)
+    assert_same_trajectory(result.losses, reference())
+    assert result.losses[-1] < result.losses[0]
+
+
+def test_control_channel_rescale_moves_a_running_job(make_params: Callable[..., TrainParameters], reference: Any) -> None:
+    params = make_params(gpu_plan=[[0]], iterations=N, checkpoint_interval=50)
+    channel = FileControlChannel("steered", params.control_dir)
+    hooks: list[Segment] = []
+
+    def on_segment(segment: Segment) -> None:
+        hooks.append(segment)
+        if len(hooks) == 1:
+            when_iteration_reaches(segment, 20, lambda: channel.request("rescale", [0, 1]))
+
+    result = run_training(params, "steered", segment_hook=on_segment)
+    assert result.status == "completed"
+    first, second = result.segments
+    assert first.reason == "stopped" and first.gpus == [0] and 20 <= first.end_iteration < N
+    assert second.gpus == [0, 1] and second.start_iteration == first.end_iteration
+    assert first.checkpoint_iteration == first.end_iteration  # saved where it stopped, not at the interval
+    assert channel.acknowledged().seq == 1 and channel.acknowledged().gpus == [0, 1]
+    assert result.rescales[0].cause == "control"
+    status = channel.status()
+    assert status["iteration"] == N and status["event"] == "completed"
+    assert_same_trajectory(result.losses, reference())
+
+
+def test_stop_command_checkpoints_and_ends_the_run(make_params: Callable[..., TrainParameters], reference: Any) -> None:
+    params = make_params(iterations=N, checkpoint_interval=1000)
+    channel = FileControlChannel("stopped", params.control_dir)
+
+    def on_segment(segment: Segment) -> None:
+        when_iteration_reaches(segment, 10, lambda: channel.request("stop"))
+
+    result = run_training(params, "stopped", segment_hook=on_segment)
+    assert result.status == "stopped" and 10 <= result.iterations < N
+    storage = CheckpointStorage(params.checkpoint_store)
+    assert storage.iterations("stopped")[-1] == result.iterations
+    assert_same_trajectory(result.losses, reference()[: result.iterations])
+
+
+def test_sigterm_to_the_flow_process_checkpoints_then_defers_to_the_old_handler(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
+    params = make_params(iterations=N, checkpoint_interval=1000)
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+
+        def on_segment(segment: Segment) -> None:
+            when_iteration_reaches(segment, 10, lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+        result = run_training(params, "preempted", segment_hook=on_segment)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.status == "preempted" and result.segments[0].reason == "terminated"
+    assert received == [signal.SIGTERM]  # Prefect's handler (here: ours) still runs, after the checkpoint
+    assert CheckpointStorage(params.checkpoint_store).iterations("preempted")[-1] == result.iterations
+    resumed = run_training(params, "preempted")  # the rescheduled run picks up where it stopped
+    assert resumed.status == "completed" and resumed.segments[0].start_iteration == result.iterations
+    assert_same_trajectory(resumed.losses, reference())
+
+
+def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
+    interval = 10
+    params = make_params(gpu_plan=[[0, 1]], iterations=N, checkpoint_interval=interval)
+    segments: list[Segment] = []
+
+    def on_segment(segment: Segment) -> None:
+        segments.append(segment)
+        if len(segments) == 1:
+            when_iteration_reaches(segment, 25, lambda: os.kill(segment.pids[1], signal.SIGKILL))
+
+    result = run_training(params, "killed", segment_hook=on_segment)
+    assert result.status == "completed" and result.restarts == 1
+    assert [s.reason for s in result.segments] == ["crashed", "completed"]
+    done_before = progress_iterations(segments[0].dir)
+    done_after = progress_iterations(segments[1].dir)
+    resumed_from = result.segments[1].start_iteration
+    assert resumed_from % interval == 0 and resumed_from <= done_before[-1]
+    repeated = done_before[-1] - resumed_from
+    assert 0 <= repeated <= interval, f"{repeated} iterations redone"
+    assert done_after == list(range(resumed_from + 1, N + 1))  # nothing lost, nothing skipped
+    assert_same_trajectory(result.losses, reference())
+
+
+def test_repeated_crashes_give_up_with_the_error(make_params: Callable[..., TrainParameters]) -> None:
+    params = make_params(model_kwargs={"no_such_argument": 1}, max_restarts=1)
+    with pytest.raises(RuntimeError, match=r"(?s)crashed 2 times.*no_such_argument"):
+        run_training(params, "broken")

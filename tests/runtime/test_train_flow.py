@@ -1,0 +1,119 @@
+"""The `train` flow end to end against a real temporary Prefect server."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_HOME", str(home))
+        mp.setenv("DO_NOT_TRACK", "1")
+        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from prefect.testing.utilities import prefect_test_harness
+
+        with prefect_test_harness(server_startup_timeout=60):
+            yield
+
+
+def _events(flow_run_id: str, timeout_s: float = 20.0) -> list[dict]:
+    from prefect.client.orchestration import get_client
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    deadline = time.time() + timeout_s
+    body = {"filter": {"event": {"prefix": ["elasticflow.training."]}, "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]}}, "limit": 50}
+    events: list[dict] = []
+    while time.time() < deadline:
+        with get_client(sync_client=True) as client:
+            events = client.request("POST", "/events/filter", json=body).json()["events"]
+        if any(e["event"] == "elasticflow.training.completed" for e in events):
+            break
+        time.sleep(1.0)
+    return events
+
+
+def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    from flows.train import train
+    from flows.training.control import FileControlChannel
+
+    state = train(
+        model="mlp",
+        hyperparameters={"global_batch_size": 16},
+        iterations=40,
+        deadline="+2h",
+        gpu_plan=[[0, 1], [0]],
+        switch_at=[20],
+        checkpoint_interval=10,
+        checkpoint_store=str(tmp_path / "checkpoints"),
+        control_dir=str(tmp_path / "control"),
+        device="cpu",
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result.status == "completed" and result.iterations == 40 and len(result.losses) == 40
+    assert [s.gpus for s in result.segments] == [[0, 1], [0]]
+    flow_run_id = str(state.state_details.flow_run_id)
+    assert result.run_key == flow_run_id  # checkpoints and control are keyed by flow run
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(uuid.UUID(flow_run_id))
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    assert run.labels["elasticflow.iteration"] == "40"
+    assert run.labels["elasticflow.gpus"] == "0"
+    assert run.labels["elasticflow.on_track"] == "true"
+    assert "elasticflow.projected_finish" in run.labels
+    assert sorted(t.name for t in tasks) == ["segment-0-it0-gpus0_1", "segment-1-it20-gpus0"]
+    assert all(t.state.is_completed() for t in tasks)
+    progress = [a for a in artifacts if a.type == "progress"]
+    assert progress and progress[-1].data == 100.0
+
+    names = {e["event"] for e in _events(flow_run_id)}
+    assert {"elasticflow.training.segment.started", "elasticflow.training.rescaled", "elasticflow.training.completed"} <= names
+
+    status = FileControlChannel(flow_run_id, tmp_path / "control").status()
+    assert status is not None and status["iteration"] == 40
+
+
+def test_bad_parameters_fail_the_flow_before_training(prefect_server: None, tmp_path: Path) -> None:
+    from flows.train import train
+
+    state = train(model="resnet-50", checkpoint_store=str(tmp_path), return_state=True)
+    assert state.is_failed()
+    assert "known models: mlp, resnet, transformer, vgg" in state.message
+    assert not list(tmp_path.iterdir())  # nothing launched, nothing written
+    past = train(model="mlp", deadline="2001-01-01T00:00:00Z", return_state=True)
+    assert past.is_failed() and "in the past" in past.message
+
+
+def test_progress_never_fails_training_without_an_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.training.prefect_progress import PrefectProgress
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        tracker = PrefectProgress("run", 10, flow_run_id=str(uuid.uuid4()), retry_after_s=3600)
+        tracker.segment_started([0, 1], 0)  # refused connection: warns, does not raise
+        assert not tracker.enabled
+        start = time.perf_counter()
+        for i in range(1, 11):
+            tracker.on_iteration(i, 1.0 / i, time.time())
+        tracker.finished("completed")
+        assert time.perf_counter() - start < 0.5  # paused: no more network attempts
+    assert tracker.snapshot().iteration == 10

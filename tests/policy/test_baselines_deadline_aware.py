@@ -76,14 +76,14 @@ def test_chronus_lets_a_lease_run_to_its_end():
     policy = make_policy("chronus", Topology(1, 1, 4), interval=60.0, lease_s=240.0, estimate_margin=1.0)
     holder = job("holder", 4 * 600, 3000.0, gpus=4)
     assert policy.schedule(SchedulingRequest(0.0, [holder])).allocation == {"holder": 4}
-    urgent = job("urgent", 4 * 300, 1500.0, gpus=4, submit=60.0)  # earlier deadline, same GPUs
+    urgent = job("urgent", 4 * 300, 720.0, gpus=4, submit=60.0)  # needs the next two leases
     running = {"holder": JobStatus(4 * 540, 4)}
     mid = policy.schedule(SchedulingRequest(60.0, [urgent], status=running))
     assert mid.decisions[0].admitted and mid.allocation == {"holder": 4, "urgent": 0}
     assert mid.wake_at == 240.0  # the lease boundary where "urgent" is due
     running = {"holder": JobStatus(4 * 360, 4), "urgent": JobStatus(4 * 300)}
     renewal = policy.schedule(SchedulingRequest(240.0, status=running))
-    assert renewal.allocation == {"holder": 0, "urgent": 4}  # EDF takes the next lease
+    assert renewal.allocation == {"holder": 0, "urgent": 4}  # renewing "holder" would miss "urgent"
 
 
 def test_lease_program_finds_a_schedule_exactly_when_one_exists():

@@ -20,7 +20,8 @@ pack into the cluster (`packs`); each job must hold enough leases ending by
 its deadline to finish. When earliest-deadline-first already finds such a
 schedule the program would too, so the solver is called only when EDF fails;
 lease renewal likewise runs EDF's first lease when EDF meets every deadline
-and the program's otherwise (with shortfalls allowed and minimized, so it
+(renewing running leases first when that still does, since a renewal costs
+no restart) and the program's otherwise (with shortfalls allowed and minimized, so it
 always has an answer). An admitted job whose deadline can no longer be met
 even alone loses its SLO and runs best-effort.
 """
@@ -133,21 +134,34 @@ def width_classes(demands: Iterable[Demand]) -> list[int]:
     return widths[1:]
 
 
-def edf_schedule(demands: Sequence[Demand], buckets: Sequence[Bucket], gpus: int) -> tuple[bool, list[str]]:
+def edf_schedule(
+    demands: Sequence[Demand], buckets: Sequence[Bucket], gpus: int, renew: bool = False
+) -> tuple[bool, list[str]]:
     """Earliest deadline first, as early as possible, leases packed per bucket.
 
-    Returns whether every demand is met and the jobs holding the current lease.
+    With `renew`, jobs holding a lease now keep the current one before EDF
+    hands out the rest (a renewal costs no restart). Returns whether every
+    demand is met and the jobs holding the current lease.
     """
     classes = width_classes(demands)
     held: list[list[tuple[int, int]]] = [[] for _ in buckets]
+    left = {d.job_id: d.need for d in demands}
     now: list[str] = []
+    order = sorted(demands, key=lambda d: d.order)
+    if renew and buckets:
+        for d in order:
+            if d.running and usable(d, buckets[0]) and packs(held[0] + [(d.width, 1)], 1, gpus, classes):
+                held[0].append((d.width, 1))
+                left[d.job_id] -= buckets[0].seconds
+                now.append(d.job_id)
     ok = True
-    for d in sorted(demands, key=lambda d: d.order):
-        left = d.need
+    for d in order:
         for i, b in enumerate(buckets):
-            if left <= 1e-9:
+            if left[d.job_id] <= 1e-9:
                 break
-            hi = min(usable(d, b), math.ceil(left / b.seconds - 1e-9))
+            if i == 0 and d.job_id in now:
+                continue
+            hi = min(usable(d, b), math.ceil(left[d.job_id] / b.seconds - 1e-9))
             lo = hi if packs(held[i] + [(d.width, hi)], b.count, gpus, classes) else 0
             while lo < hi:  # the most leases that still pack (packing is monotone)
                 mid = (lo + hi + 1) // 2
@@ -158,10 +172,10 @@ def edf_schedule(demands: Sequence[Demand], buckets: Sequence[Bucket], gpus: int
             if lo <= 0:
                 continue
             held[i].append((d.width, lo))
-            left -= lo * b.seconds
+            left[d.job_id] -= lo * b.seconds
             if i == 0:
                 now.append(d.job_id)
-        ok = ok and left <= 1e-9
+        ok = ok and left[d.job_id] <= 1e-9
     return ok, now
 
 
@@ -352,10 +366,13 @@ class ChronusPolicy(SchedulingPolicy):
         if not self._admissible(admitted, new, now):
             return self._reject(job, RejectReason.INSUFFICIENT_CAPACITY,
                                 f"no lease schedule on {width} GPUs meets this deadline and every admitted one",
-                                self._earliest_lease_end(admitted, new, now) * self.lease)
+                                self._lease_time(self._earliest_lease_end(admitted, new, now)))
         self.slo.add(job.job_id)
         return Decision(job_id=job.job_id, admitted=True, guaranteed=True, share=width,
                         message=f"a lease schedule on {width} GPUs meets every admitted deadline")
+
+    def _lease_time(self, lease: int | None) -> float | None:
+        return None if lease is None else lease * self.lease
 
     def _reject(self, job: Job, reason: RejectReason, message: str, earliest: float | None = None) -> Decision:
         self.jobs.pop(job.job_id, None)
@@ -381,10 +398,14 @@ class ChronusPolicy(SchedulingPolicy):
         after = solve(everyone, buckets, gpus, slack, self.node_limit, self.time_limit_s)
         return after.found and after.penalty <= before.penalty + 1e-6
 
-    def _earliest_lease_end(self, admitted: list[Demand], new: Demand, now: float) -> int:
+    def _earliest_lease_end(self, admitted: list[Demand], new: Demand, now: float) -> int | None:
         """The earliest lease boundary that, as the newcomer's deadline, lets EDF
-        meet every deadline (the admission test's first, cheapest attempt)."""
+        meet every deadline (the admission test's first, cheapest attempt);
+        None when EDF cannot meet the admitted deadlines even without it."""
         gpus = self.topology.num_gpus
+        if admitted and not edf_schedule(admitted, buckets_until(now, self.lease, [d.last_lease for d in admitted]),
+                                         gpus)[0]:
+            return None
 
         def fits(last: int) -> bool:
             moved = Demand(new.job_id, new.width, new.need, last, (last * self.lease, *new.order[1:]), new.running)
@@ -393,7 +414,9 @@ class ChronusPolicy(SchedulingPolicy):
 
         lo, step = new.last_lease + 1, 1
         hi = lo
-        while not fits(hi):  # past every admitted deadline plus its own run it always fits
+        while not fits(hi):  # past every admitted deadline plus its own run it fits
+            if step > 1 << 40:
+                return None
             lo, hi, step = hi + 1, hi + step, step * 2
         while lo < hi:
             mid = (lo + hi) // 2
@@ -411,8 +434,8 @@ class ChronusPolicy(SchedulingPolicy):
         """Who holds the next lease: SLO jobs by the schedule, then the rest.
 
         Also says whether the next lease boundary must be a tick: when the
-        schedule came from the solver (it may change lease by lease), or when
-        a job the schedule wants now is waiting for a lease to end."""
+        schedule came from the solver, or when an SLO job waits (the schedule
+        may give it the next lease)."""
         gpus = self.topology.num_gpus
         demands = []
         for job_id in sorted(self.slo):
@@ -427,7 +450,9 @@ class ChronusPolicy(SchedulingPolicy):
         chosen = [] if self._at_boundary(now) else sorted(j for j, st in status.items() if st.gpus)
         if demands:
             buckets = buckets_until(now, self.lease, [d.last_lease for d in demands])
-            ok, first = edf_schedule(demands, buckets, gpus)
+            ok, first = edf_schedule(demands, buckets, gpus, renew=True)
+            if not ok:
+                ok, first = edf_schedule(demands, buckets, gpus)
             if not ok:
                 plan = solve(demands, buckets, gpus, frozenset(self.slo), self.node_limit, self.time_limit_s)
                 if plan.found:
@@ -444,5 +469,5 @@ class ChronusPolicy(SchedulingPolicy):
             if job_id in alloc and not alloc[job_id] and width <= free:
                 alloc[job_id] = width
                 free -= width
-        return alloc, solved or any(not alloc[j] for j in first)
+        return alloc, solved or any(not alloc[d.job_id] for d in demands)
 

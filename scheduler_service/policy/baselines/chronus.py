@@ -323,9 +323,9 @@ class ChronusPolicy(SchedulingPolicy):
         wake = None
         if renew_next:
             wake = (math.floor(now / self.lease + 1e-9) + 1) * self.lease
-        deadlines = [self.jobs[j].deadline for j in self.slo]
+        deadlines = [d for d in (self.jobs[j].deadline for j in self.slo) if d is not None]
         if deadlines:  # a missed deadline turns the job best-effort: re-plan then
-            due = math.ceil(min(deadlines) / self.clock.interval - 1e-9) * self.clock.interval  # type: ignore[arg-type]
+            due = math.ceil(min(deadlines) / self.clock.interval - 1e-9) * self.clock.interval
             wake = due if wake is None else min(wake, due)
         return SchedulingReply(
             decisions=decisions,

@@ -40,7 +40,7 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(default="synthetic", description=f"one of the registered datasets")
+    name: str = Field(default="synthetic", description="one of the registered datasets")
     path: str | None = Field(default=None, description="file or folder for on-disk datasets")
     options: dict[str, Any] = Field(default_factory=dict, description="loader options (size, block_size, ...)")
 
@@ -168,6 +168,10 @@ def token_file(path: Path, opts: dict[str, Any]) -> TensorData:
     return _windows(torch.from_numpy(stream.astype(np.int64)), int(opts.get("block_size", 32)))
 
 
+def _unresolved_synthetic(opts: dict[str, Any]) -> TensorData:
+    raise ValueError("'synthetic' names the model's synthetic dataset; resolve it with DatasetSpec.parse")
+
+
 @dataclass(frozen=True)
 class DatasetEntry:
     loader: Callable[..., TensorData]
@@ -176,7 +180,7 @@ class DatasetEntry:
 
 
 DATASETS: dict[str, DatasetEntry] = {
-    "synthetic": DatasetEntry(synthetic_vectors, False, "the synthetic dataset matching the model"),
+    "synthetic": DatasetEntry(_unresolved_synthetic, False, "the synthetic dataset matching the model"),
     "synthetic-images": DatasetEntry(synthetic_images, False, "generated 3x32x32 images, 10 classes"),
     "synthetic-vectors": DatasetEntry(synthetic_vectors, False, "generated feature vectors, 10 classes"),
     "synthetic-tokens": DatasetEntry(synthetic_tokens, False, "generated token sequences"),

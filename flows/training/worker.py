@@ -193,6 +193,8 @@ class Worker:
             if self.timings.first_iteration_t is None:
                 self.timings.first_iteration_t = now
             self.timings.iteration_end_t[self.iteration] = now
+            if len(self.timings.iteration_end_t) > 512:  # bounded: enough for rates, small result files
+                del self.timings.iteration_end_t[min(self.timings.iteration_end_t)]
             if progress:
                 progress.write(json.dumps({"iteration": self.iteration, "loss": loss, "t": now}) + "\n")
                 progress.flush()

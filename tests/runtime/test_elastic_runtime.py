@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,23 +75,39 @@ def test_resized_2_4_1_follows_the_never_resized_trajectory(make_params: Callabl
     assert result.losses[-1] < result.losses[0]
 
 
-def test_control_channel_rescale_moves_a_running_job(make_params: Callable[..., TrainParameters], reference: Any) -> None:
+def test_control_channel_parks_then_moves_a_running_job(make_params: Callable[..., TrainParameters], reference: Any) -> None:
     params = make_params(gpu_plan=[[0]], iterations=N, checkpoint_interval=50)
     channel = FileControlChannel("steered", params.control_dir)
     hooks: list[Segment] = []
+    alive_while_parked: list[bool] = []
+
+    def resume_when_parked() -> None:
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                ack = channel.acknowledged()
+                if ack and ack.gpus == []:
+                    time.sleep(0.5)  # parked for a while: no workers may be held
+                    alive_while_parked.append(any(p.poll() is None for p in hooks[0].procs))
+                    return
+                time.sleep(0.01)
+        finally:
+            channel.request("rescale", [0, 1])  # always, so a failure here cannot hang the run
 
     def on_segment(segment: Segment) -> None:
         hooks.append(segment)
         if len(hooks) == 1:
-            when_iteration_reaches(segment, 20, lambda: channel.request("rescale", [0, 1]))
+            when_iteration_reaches(segment, 20, lambda: channel.request("rescale", []))
+            threading.Thread(target=resume_when_parked, daemon=True).start()
 
-    result = run_training(params, "steered", segment_hook=on_segment)
+    result = run_training(params, "steered", segment_hook=on_segment, park_poll_s=0.05)
     assert result.status == "completed"
+    assert alive_while_parked == [False]
     first, second = result.segments
     assert first.reason == "stopped" and first.gpus == [0] and 20 <= first.end_iteration < N
     assert second.gpus == [0, 1] and second.start_iteration == first.end_iteration
     assert first.checkpoint_iteration == first.end_iteration  # saved where it stopped, not at the interval
-    assert channel.acknowledged().seq == 1 and channel.acknowledged().gpus == [0, 1]
+    assert channel.acknowledged().seq == 2 and channel.acknowledged().gpus == [0, 1]
     assert result.rescales[0].cause == "control"
     status = channel.status()
     assert status["iteration"] == N and status["event"] == "completed"

@@ -9,9 +9,10 @@ B_noise grows as training progresses, so large batches pay off late.
 Every interval the scheduler re-solves: each job takes, for every GPU count,
 the batch size that maximizes its goodput there; the cluster is then split to
 maximize the generalized mean (p = -1) of the jobs' speedups over one GPU,
-greedily by doublings, after one GPU each in arrival order. A change of GPU
-count is discounted by the restart it costs, as Pollux's re-allocation penalty
-does. Pollux ignores deadlines: every job is admitted.
+greedily by doublings, after one GPU each in arrival order. A running job
+whose GPU count would change has its speedup cut by Pollux's restart penalty
+(10%, the constant of Pollux's scheduler). Pollux ignores deadlines: every
+job is admitted.
 
 Progress, with goodput data: the trace counts iterations at the job's own
 batch M0. A job at batch M advances, per second, by steps/s(M) x (M / M0) x
@@ -182,12 +183,14 @@ class PolluxPolicy(SchedulingPolicy):
         topology: Topology,
         interval: float = 60.0,
         goodput: GoodputModel | None = None,
-        restart_horizon_s: float = 600.0,
+        restart_penalty: float = 0.1,
         **kwargs,
     ) -> None:
         super().__init__(topology, interval, **kwargs)
         self.goodput = goodput or GoodputModel({})
-        self.restart_horizon_s = restart_horizon_s
+        if not 0 <= restart_penalty < 1:
+            raise ValueError("the restart penalty is a fraction of speedup in [0, 1)")
+        self.restart_penalty = restart_penalty
         self.jobs: dict[str, Job] = {}
         self.fraction: dict[str, float] = {}  # of training done, at the last call
         self.batch: dict[str, int] = {}  # batch size chosen for the current allocation
@@ -277,11 +280,11 @@ class PolluxPolicy(SchedulingPolicy):
                 base[job.job_id] = self.speed(job, lv[0])
 
         def utility(job: Job, gpus: int) -> float:
-            """speedup^p, with a changed allocation discounted by its restart."""
+            """speedup^p, a changed allocation's speedup cut by the restart penalty."""
             speedup = self.speed(job, gpus) / base[job.job_id]
             current = status[job.job_id].gpus
             if gpus != current and current:
-                speedup *= max(1e-3, 1.0 - self.clock.overhead(gpus) / self.restart_horizon_s)
+                speedup *= 1.0 - self.restart_penalty
             return speedup ** FAIRNESS_P
 
         def candidate(job: Job) -> tuple[float, str, int] | None:

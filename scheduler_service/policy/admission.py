@@ -22,11 +22,23 @@ from scheduler_service.policy.timeline import Timeline
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A deadline job with where it stands now, ready to be planned."""
+    """A deadline job with where it stands now, ready to be planned.
+
+    `slack` is how many iterations beyond the remaining ones its plan must
+    cover: a newcomer gets a migration allowance; an admitted job keeps what
+    it still has, so re-planning never asks more of it than its current plan
+    gives. `previous` is that plan, the fallback when re-planning fails.
+    """
 
     job: Job
     status: JobStatus
     levels: tuple[int, ...]
+    slack: float = 0.0
+    previous: Plan | None = None
+
+    @property
+    def need(self) -> float:
+        return self.status.remaining + self.slack
 
     @property
     def order(self) -> tuple[float, float, str]:
@@ -34,18 +46,18 @@ class Candidate:
         return (self.job.deadline, self.job.submit_time, self.job.job_id)
 
 
-def migration_allowance(cand: Candidate, clock: SlotClock) -> float:
+def migration_allowance(job: Job, levels: tuple[int, ...], clock: SlotClock) -> float:
     """Iterations one unplanned restart can cost the job (a migration forced by
-    fragmentation). Plans carry this much slack so a move never breaks them."""
-    speed = cand.job.curve.points
-    return max(speed[g] * clock.overhead(g) for g in cand.levels)
+    fragmentation). New plans carry this much slack so a move never breaks them."""
+    speed = job.curve.points
+    return max(speed[g] * clock.overhead(g) for g in levels)
 
 
 def plan_one(cand: Candidate, now_slot: int, timeline: Timeline, clock: SlotClock) -> Plan | None:
     assert cand.job.deadline is not None
     st = cand.status
     return minimum_satisfactory_share(
-        cand.job.curve, cand.levels, st.remaining + migration_allowance(cand, clock), now_slot, cand.job.deadline,
+        cand.job.curve, cand.levels, cand.need, now_slot, cand.job.deadline,
         timeline, st.gpus, st.overhead_left, clock,
     )
 
@@ -59,6 +71,8 @@ def plan_all(
     plans: dict[str, Plan] = {}
     for cand in sorted(cands, key=lambda c: c.order):
         plan = plan_one(cand, now_slot, timeline, clock)
+        if plan is None and cand.previous is not None and _fits(cand.previous, now_slot, timeline):
+            plan = Plan(cand.previous.future(now_slot), cand.previous.share)  # keep what already worked
         if plan is None:
             return cand.job.job_id
         timeline.add(plan.runs)
@@ -66,11 +80,19 @@ def plan_all(
     return timeline, plans
 
 
+def _fits(plan: Plan, now_slot: int, timeline: Timeline) -> bool:
+    for run in plan.future(now_slot):
+        start = max(run.start, now_slot)
+        if any(free < run.gpus for _, _, free in timeline.backward(start, run.end)):
+            return False
+    return True
+
+
 def earliest_deadline(cand: Candidate, now_slot: int, timeline: Timeline, clock: SlotClock) -> float:
     """The earliest slot boundary that, as a deadline, the job could be admitted with."""
     job, st = cand.job, cand.status
     top = cand.levels[-1]
-    total = st.remaining + migration_allowance(cand, clock)  # as plan_one asks
+    total = cand.need  # as plan_one asks
 
     def ok(end_slot: int) -> bool:
         _, work = fill(job.curve, cand.levels, total, now_slot, end_slot * clock.interval, top,

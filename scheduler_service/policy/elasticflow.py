@@ -17,6 +17,7 @@ from typing import Mapping
 
 from scheduler_service.policy.admission import (
     Candidate,
+    migration_allowance,
     earliest_deadline,
     placeable_throughout,
     plan_all,
@@ -82,8 +83,15 @@ class ElasticFlowPolicy(SchedulingPolicy):
         """The GPU counts this policy may give the job: every useful power of two."""
         return job.curve.capped(self.topology.max_job_gpus)
 
-    def _candidate(self, job_id: str, status: Mapping[str, JobStatus]) -> Candidate:
-        return Candidate(self.jobs[job_id], status[job_id], self.levels[job_id])
+    def _candidate(self, job_id: str, status: Mapping[str, JobStatus], slot: int) -> Candidate:
+        """An admitted job, to be re-planned keeping the slack its plan has now."""
+        job, st, levels = self.jobs[job_id], status[job_id], self.levels[job_id]
+        plan = self.plans.get(job_id)
+        slack = 0.0
+        if plan is not None and job_id in self.guaranteed:
+            have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
+            slack = min(migration_allowance(job, levels, self.clock), max(0.0, have - st.remaining))
+        return Candidate(job, st, levels, slack, plan if job_id in self.guaranteed else None)
 
     def _arrive(self, job: Job, slot: int, status: dict[str, JobStatus]) -> Decision:
         levels = self.levels_for(job)
@@ -97,7 +105,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         now = slot * self.clock.interval
         if job.deadline <= now:
             return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed")
-        cand = Candidate(job, status[job.job_id], levels)
+        cand = Candidate(job, status[job.job_id], levels, migration_allowance(job, levels, self.clock))
         if not self.admission:
             self.jobs[job.job_id] = job
             self._replan_in_deadline_order(slot, status)
@@ -118,7 +126,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
             self._reserve(job, plan, guaranteed=True)
             return self._admit(job, plan)
         replanned = plan_all(
-            [self._candidate(j, status) for j in self.guaranteed] + [cand], slot, self.topology.num_gpus, self.clock
+            [self._candidate(j, status, slot) for j in self.guaranteed] + [cand], slot, self.topology.num_gpus, self.clock
         )
         if not isinstance(replanned, str):
             self._adopt(job, replanned)
@@ -137,7 +145,8 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.plans, self.guaranteed = {}, set()
         deadline_jobs = [j for j in self.jobs.values() if j.deadline is not None and j.deadline > slot * self.clock.interval]
         for job in sorted(deadline_jobs, key=lambda j: (j.deadline, j.submit_time, j.job_id)):
-            cand = self._candidate(job.job_id, status)
+            cand = Candidate(job, status[job.job_id], self.levels[job.job_id],
+                             migration_allowance(job, self.levels[job.job_id], self.clock))
             plan = plan_one(cand, slot, timeline, self.clock)
             if plan is None:
                 top = cand.levels[-1]

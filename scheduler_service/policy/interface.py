@@ -74,6 +74,11 @@ class SchedulingPolicy(ABC):
     @abstractmethod
     def schedule(self, request: SchedulingRequest) -> SchedulingReply: ...
 
+    def speed(self, job: Job, gpus: int) -> float:
+        """Iterations/s the job makes on `gpus` GPUs as this policy runs it: the
+        curve, unless the policy changes how jobs train (Pollux's batch size)."""
+        return job.curve.speed(gpus)
+
     def projected_finish(
         self, jobs: Mapping[str, Job], allocation: Mapping[str, int], status: Mapping[str, JobStatus], now: float
     ) -> dict[str, float]:

@@ -83,7 +83,7 @@ def simulate(
 
     while next_arrival < n or active:
         ticks += 1
-        _advance(active, last, now, finished)
+        _advance(active, last, now, finished, policy.speed)
         for job_id in finished:
             active.pop(job_id, None)
         arrivals = []
@@ -118,7 +118,7 @@ def simulate(
             candidates.append(tick_at_or_after(pending[next_arrival].submit_time))
         for record in active.values():
             if record.gpus:
-                done_at = now + record.overhead_left + record.remaining / record.job.curve.points[record.gpus]
+                done_at = now + record.overhead_left + record.remaining / policy.speed(record.job, record.gpus)
                 candidates.append(tick_at_or_after(done_at))
         if reply.wake_at is not None and reply.wake_at > now:
             candidates.append(reply.wake_at)
@@ -132,7 +132,9 @@ def simulate(
                time.perf_counter() - started, ticks)
 
 
-def _advance(active: dict[str, JobRecord], start: float, end: float, finished: list[str]) -> None:
+def _advance(
+    active: dict[str, JobRecord], start: float, end: float, finished: list[str], rate: Callable[[Job, int], float]
+) -> None:
     """Run every active job at its width over [start, end)."""
     span = end - start
     if span <= 0:
@@ -145,7 +147,7 @@ def _advance(active: dict[str, JobRecord], start: float, end: float, finished: l
             record.overhead_left -= span
             record.gpu_seconds += gpus * span
             continue
-        speed = record.job.curve.points[gpus]
+        speed = rate(record.job, gpus)
         productive = span - record.overhead_left
         if speed * productive >= record.remaining * (1 - DONE_FRACTION):
             used = record.overhead_left + record.remaining / speed

@@ -142,6 +142,7 @@ def run_training(
     restarts = 0
     previous: SegmentResult | None = None
     cause: Literal["plan", "control"] = "plan"
+    parked = False  # time spent parked is not rescale cost
     termination = _Termination()
     termination.install()
 
@@ -173,6 +174,7 @@ def run_training(
                 channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=override))
                 log.info("control command applied run_key=%s seq=%d gpus=%s", run_key, command.seq, override)
             if override == []:  # parked by the scheduler: hold no workers until told
+                parked = True
                 time.sleep(park_poll_s)
                 continue
             planned, next_switch = params.planned_gpus(iteration)
@@ -212,7 +214,7 @@ def run_training(
                 continue
             if previous is not None and previous.gpus != result.gpus:
                 seconds = None
-                if previous.timings.stop_seen_t is not None or previous.reason == "target":
+                if not parked and (previous.timings.stop_seen_t is not None or previous.reason == "target"):
                     stop_t = previous.timings.stop_seen_t or max(previous.timings.iteration_end_t.values(), default=None)
                     seconds = result.timings.loaded_t - stop_t if stop_t else None
                 record = RescaleRecord(
@@ -222,7 +224,7 @@ def run_training(
                 tracker.rescaled(record.from_gpus, record.to_gpus, record.iteration, seconds)
             history = result.history
             iteration = result.end_iteration
-            previous = result
+            previous, parked = result, False
             if result.reason == "terminated" or termination.received:
                 status = "preempted"
                 break

@@ -108,7 +108,7 @@ class Worker:
         corrupt one) and tells the others which iteration to load, so all ranks
         restore the same state."""
         start = time.perf_counter()
-        chosen = torch.tensor([-1], dtype=torch.long)
+        chosen = torch.tensor([-1], dtype=torch.long, device=self.device)  # nccl needs device tensors
         state = None
         if self.rank == 0:
             found = self.storage.load_latest(self.spec.run_key)
@@ -116,6 +116,7 @@ class Worker:
                 state = found[0]
                 chosen[0] = found[1].iteration
         dist.broadcast(chosen, src=0)
+        chosen = chosen.cpu()
         if chosen.item() >= 0 and state is None:
             state = self.storage.load(self.spec.run_key, int(chosen.item()))[0]
         if state is not None:
@@ -184,8 +185,11 @@ class Worker:
         while self.iteration < min(spec.stop_at, spec.total_iterations):
             local = self.step()
             # [summed loss, stop votes, terminate votes]: one collective per iteration.
-            flags = torch.tensor([local, float(self.stop_requested()), float(_terminated)], dtype=torch.float64)
+            flags = torch.tensor(
+                [local, float(self.stop_requested()), float(_terminated)], dtype=torch.float64, device=self.device
+            )
             dist.all_reduce(flags)
+            flags = flags.cpu()
             loss = float(flags[0]) / spec.hyperparameters.global_batch_size
             self.history.append(loss)
             self.iteration += 1

@@ -109,6 +109,7 @@ def test_control_channel_parks_then_moves_a_running_job(make_params: Callable[..
     assert first.checkpoint_iteration == first.end_iteration  # saved where it stopped, not at the interval
     assert channel.acknowledged().seq == 2 and channel.acknowledged().gpus == [0, 1]
     assert result.rescales[0].cause == "control"
+    assert result.rescales[0].seconds is None  # time parked is not rescale cost
     status = channel.status()
     assert status["iteration"] == N and status["event"] == "completed"
     assert_same_trajectory(result.losses, reference())

@@ -16,7 +16,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported for their side effect: each module adds its commands to `app`.
-    from scheduler_service.cli import simulate  # noqa: F401
+    from scheduler_service.cli import evaluate, simulate  # noqa: F401
     from scheduler_service.cli import profile  # noqa: F401
 
 

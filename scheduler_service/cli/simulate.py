@@ -43,6 +43,9 @@ def run_experiment(experiment: Experiment, policies: list[str], json_out: Path |
             raise typer.Exit(2) from None
     title = f"{experiment.trace.stem} on {experiment.cluster.stem} (interval {experiment.interval:g} s)"
     console.print(results_table(results, title))
+    for result in results:
+        if result.note:
+            console.print(f"note ({result.policy}): {result.note}", highlight=False)
     if json_out is not None:
         write_json(json_out, results)
         console.print(f"wrote {json_out}")

@@ -62,6 +62,8 @@ def deadline_ratio_bound(jobs: Sequence[Job], topology: Topology, grid_s: float 
 
     import highspy
 
+    from scheduler_service.solver import quiet_highs
+
     started = time.perf_counter()
     capacity = topology.num_gpus
     deadline_jobs = [j for j in jobs if j.deadline is not None]
@@ -116,9 +118,7 @@ def deadline_ratio_bound(jobs: Sequence[Job], topology: Topology, grid_s: float 
     lp.a_matrix_.start_ = starts
     lp.a_matrix_.index_ = rows
     lp.a_matrix_.value_ = vals
-    solver = highspy.Highs()
-    solver.setOptionValue("output_flag", False)
-    solver.setOptionValue("threads", 1)
+    solver = quiet_highs()
     solver.passModel(lp)
     solver.run()
     if solver.getModelStatus() != highspy.HighsModelStatus.kOptimal:

@@ -54,5 +54,6 @@ class Experiment:
             progress = None if on_progress is None else (lambda done, total, n=name: on_progress(n, done, total))
             run = simulate(jobs, policy, progress)
             runs.append(run)
-            results.append(summarize(run, self.trace.stem, self.cluster.stem, self.interval))
+            result = summarize(run, self.trace.stem, self.cluster.stem, self.interval)
+            results.append(result.model_copy(update={"note": getattr(policy, "note", None) or None}))
         return runs, results

@@ -26,6 +26,7 @@ class PolicyResult(BaseModel):
     restarts: int
     ticks: int
     wall_s: float
+    note: str | None = None  # what the policy wants readers to know (e.g. a fallback it used)
 
 
 def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 60.0) -> PolicyResult:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import highspy
+
+from scheduler_service.solver import quiet_highs
 import numpy as np
 
 from scheduler_service.policy.baselines.edf import requested_width
@@ -262,9 +264,8 @@ def solve(
             rows_lo.append(-highspy.kHighsInf)
             rows_hi.append(float(gpus // unit * bucket.count))
 
-    h = highspy.Highs()
-    for option, setting in (("output_flag", False), ("threads", 1), ("random_seed", SEED),
-                            ("mip_max_nodes", node_limit), ("time_limit", time_limit_s)):
+    h = quiet_highs()
+    for option, setting in (("random_seed", SEED), ("mip_max_nodes", node_limit), ("time_limit", time_limit_s)):
         h.setOptionValue(option, setting)
     h.addVars(nvar, lower, upper)
     h.changeColsCost(nvar, np.arange(nvar, dtype=np.int32), cost)

@@ -1,0 +1,279 @@
+"""`elasticflow reproduce`: the paper's comparison, end to end, on both cores.
+
+Every policy on the shared traces and cluster specs of the comparison, the LP
+upper bound for each, and the reference figures beside them, written as JSON,
+a markdown table and two plots.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Sequence
+
+from pydantic import BaseModel, Field
+
+from scheduler_service.policy.registry import POLICIES
+from scheduler_service.simulator.bound import BoundResult, deadline_ratio_bound
+from scheduler_service.simulator.experiment import data_dir
+from scheduler_service.simulator.inputs import load_cluster, load_throughputs, load_trace
+from scheduler_service.simulator.metrics import PolicyResult
+from scheduler_service.simulator.report import write_atomically
+
+# The schedulers ElasticFlow is compared with (its own ablations excluded).
+BASELINES = ("edf", "gandiva", "tiresias", "themis", "chronus", "pollux")
+ITP_REFERENCE = [.788, .822, .455, .631, .832, .607, .665, .896, .938, .981]  # paper's plot, cluster01..10
+
+
+class Case(BaseModel):
+    trace: str  # name under data/traces
+    cluster: str  # name under data/clusters
+    gpu: str  # A100 or T4
+    interval: float
+    group: str  # headline, sweep, itp
+    policies: list[str] | None = None  # None: every registered policy
+    references: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.trace}@{self.cluster}"
+
+
+def comparison_cases() -> list[Case]:
+    cases = [
+        Case(trace="philly_103959", cluster="n32g8", gpu="A100", interval=60, group="headline",
+             references={"elasticflow": .910, "edf": .436, "tiresias": .466, "gandiva": .413, "themis": .455}),
+        Case(trace="elasticVpollux_e", cluster="n16g4", gpu="T4", interval=60, group="headline",
+             references={"elasticflow": .728, "edf": .118, "tiresias": .287, "gandiva": .092, "themis": .313,
+                         "chronus": .262, "pollux": .523}),
+    ]
+    for cluster in ("n8g8", "n16g8", "n32g8"):
+        refs = {"elasticflow": .933, "edf": .020, "elasticflow-noadmit": .263, "edf-admit": .212} if cluster == "n8g8" else {}
+        cases.append(Case(trace="1000job_1500lam", cluster=cluster, gpu="A100", interval=240, group="sweep", references=refs))
+    for i, ref in enumerate(ITP_REFERENCE, start=1):
+        refs = {"elasticflow": ref}
+        if i == 10:
+            refs["edf"] = .427
+        # Baselines without admission control keep thousands of doomed jobs queued on these
+        # overloaded clusters and take minutes each; ElasticFlow's figure is the paper's.
+        cases.append(Case(trace=f"itp/cluster{i:02d}", cluster="n16g8", gpu="A100", interval=60, group="itp",
+                          policies=["elasticflow", "edf"] if i == 10 else ["elasticflow"], references=refs))
+    return cases
+
+
+def quick_cases() -> list[Case]:
+    """A reduced comparison for the test suite: small traces, every policy."""
+    return [
+        Case(trace="100jobs_1500lam", cluster="n16g8", gpu="A100", interval=240, group="headline",
+             references={"elasticflow": 1.0, "edf": .920, "tiresias": 1.0, "gandiva": .790, "themis": .990}),
+        Case(trace="itp/cluster10", cluster="n16g8", gpu="A100", interval=60, group="itp",
+             policies=["elasticflow", "edf"], references={"elasticflow": .981, "edf": .427}),
+    ]
+
+
+class Report(BaseModel):
+    results: list[PolicyResult]
+    bounds: dict[str, BoundResult]
+    cases: list[Case]
+    headline: dict[str, dict[str, float | str]]  # case -> elasticflow / best baseline
+    wall_s: float = 0.0
+
+
+@lru_cache(maxsize=8)
+def _inputs(case_json: str):
+    case = Case.model_validate_json(case_json)
+    data = data_dir()
+    curves = load_throughputs(data / "throughputs" / case.gpu)
+    jobs = load_trace(data / "traces" / f"{case.trace}.csv", curves)
+    return jobs, load_cluster(data / "clusters" / f"{case.cluster}.csv")
+
+
+def _simulate(case_json: str, policy: str) -> PolicyResult:
+    from scheduler_service.policy.registry import make_policy
+    from scheduler_service.simulator.engine import simulate
+    from scheduler_service.simulator.metrics import summarize
+    from scheduler_service.simulator.options import policy_options
+
+    case = Case.model_validate_json(case_json)
+    jobs, topology = _inputs(case_json)
+    options = policy_options(policy, data_dir() / "throughputs" / case.gpu)
+    instance = make_policy(policy, topology, case.interval, **options)
+    result = summarize(simulate(jobs, instance), case.trace, case.cluster, case.interval)
+    return result.model_copy(update={"note": getattr(instance, "note", None) or None})
+
+
+def _bound(case_json: str) -> BoundResult:
+    case = Case.model_validate_json(case_json)
+    jobs, topology = _inputs(case_json)
+    return deadline_ratio_bound(jobs, topology).model_copy(update={"trace": case.trace, "cluster": case.cluster})
+
+
+def run_comparison(
+    cases: Sequence[Case], workers: int = 2, on_progress: Callable[[str, int, int], None] | None = None
+) -> Report:
+    import time
+
+    started = time.perf_counter()
+    tasks: list[tuple[str, Case, str | None]] = []
+    for case in cases:
+        for policy in case.policies or list(POLICIES):
+            tasks.append(("simulate", case, policy))
+        tasks.append(("bound", case, None))
+    # Biggest traces first, so the two workers finish together.
+    tasks.sort(key=lambda t: -(data_dir() / "traces" / f"{t[1].trace}.csv").stat().st_size)
+    results: dict[tuple[str, str], PolicyResult] = {}
+    bounds: dict[str, BoundResult] = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {}
+        for kind, case, policy in tasks:
+            payload = case.model_dump_json()
+            fut = pool.submit(_simulate, payload, policy) if kind == "simulate" else pool.submit(_bound, payload)
+            futures[fut] = (kind, case, policy)
+        for done, fut in enumerate(as_completed(futures), start=1):
+            kind, case, policy = futures[fut]
+            if kind == "simulate":
+                results[(case.key, policy)] = fut.result()  # type: ignore[index]
+            else:
+                bounds[case.key] = fut.result()
+            if on_progress is not None:
+                on_progress(f"{case.key} {policy or 'bound'}", done, len(futures))
+    ordered = [results[(c.key, p)] for c in cases for p in (c.policies or list(POLICIES))]
+    return Report(results=ordered, bounds=bounds, cases=list(cases), headline=_headline(cases, results),
+                  wall_s=time.perf_counter() - started)
+
+
+def _headline(cases: Sequence[Case], results: dict[tuple[str, str], PolicyResult]) -> dict[str, dict[str, float | str]]:
+    out: dict[str, dict[str, float | str]] = {}
+    for case in cases:
+        ef = results.get((case.key, "elasticflow"))
+        # Pollux without goodput data is only an elastic throughput maximizer; the paper
+        # compares it on the T4 trace alone, and so does the headline.
+        names = [b for b in BASELINES if (case.key, b) in results and not (b == "pollux" and case.gpu != "T4")]
+        if ef is None or not names:
+            continue
+        best = max(names, key=lambda b: results[(case.key, b)].deadline_ratio)
+        ratio = results[(case.key, best)].deadline_ratio
+        out[case.key] = {"elasticflow": ef.deadline_ratio, "best_baseline": best, "best_baseline_ratio": ratio,
+                         "improvement": ef.deadline_ratio / ratio if ratio > 0 else float("inf")}
+    return out
+
+
+def write_report(report: Report, out: Path) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.md", out / "deadline_ratios.png", out / "cluster_size.png"]
+    write_atomically(paths[0], (json.dumps(report.model_dump(mode="json"), indent=2) + "\n").encode())
+    write_atomically(paths[1], markdown(report).encode())
+    _plot_ratios(report, paths[2])
+    _plot_cluster_size(report, paths[3])
+    return paths
+
+
+def _cell(result: PolicyResult | None, ref: float | None) -> str:
+    if result is None:
+        return ""
+    text = f"{result.deadline_ratio:.3f}"
+    return text + (f" ({ref:.3f})" if ref is not None else "")
+
+
+def markdown(report: Report) -> str:
+    by = {(r.trace, r.cluster, r.policy): r for r in report.results}
+    policies = [p for p in POLICIES if any(r.policy == p for r in report.results)]
+    lines = [
+        "Deadline satisfactory ratio, ours (reference in brackets: the authors' simulator or the paper). "
+        "`bound` is the LP upper bound for any scheduler.", "",
+        "| trace | cluster | " + " | ".join(policies) + " | bound |",
+        "|---|---|" + "---|" * (len(policies) + 1),
+    ]
+    for case in report.cases:
+        cells = [_cell(by.get((case.trace, case.cluster, p)), case.references.get(p)) for p in policies]
+        bound = report.bounds.get(case.key)
+        lines.append(f"| {case.trace} | {case.cluster} | " + " | ".join(cells) + f" | {bound.bound:.3f} |" if bound else " |")
+    lines += ["", "| case | ElasticFlow | best baseline | its ratio | ElasticFlow / best |", "|---|---|---|---|---|"]
+    for key, h in report.headline.items():
+        lines.append(f"| {key} | {h['elasticflow']:.3f} | {h['best_baseline']} | {h['best_baseline_ratio']:.3f} | "
+                     f"{h['improvement']:.2f}x |")
+    missed = [r for r in report.results if r.policy == "elasticflow" and r.admitted_missed]
+    lines += ["", f"ElasticFlow jobs admitted but late: {sum(r.admitted_missed for r in missed)} across all cases.",
+              f"Wall time of the whole comparison: {report.wall_s:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def _plot_ratios(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r.trace, r.cluster, r.policy): r for r in report.results}
+    policies = [p for p in POLICIES if any(r.policy == p for r in report.results)]
+    cases = [c for c in report.cases if c.group != "itp"]
+    itp = [c for c in report.cases if c.group == "itp"]
+    fig, axes = plt.subplots(2 if itp else 1, 1, figsize=(13, 8 if itp else 4.5), squeeze=False)
+    ax = axes[0][0]
+    width = 0.8 / max(len(policies), 1)
+    for i, policy in enumerate(policies):
+        xs = [k + i * width for k, c in enumerate(cases) if (c.trace, c.cluster, policy) in by]
+        ys = [by[(c.trace, c.cluster, policy)].deadline_ratio for c in cases if (c.trace, c.cluster, policy) in by]
+        ax.bar(xs, ys, width, label=policy, color=f"C{i}")
+    for k, c in enumerate(cases):
+        if c.key in report.bounds:
+            ax.hlines(report.bounds[c.key].bound, k - width / 2, k + 0.8 - width / 2, colors="black",
+                      linestyles="--", label="LP bound" if k == 0 else None)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(cases))], [f"{c.trace}\n{c.cluster}" for c in cases], fontsize=8)
+    ax.set_ylabel("deadline ratio")
+    ax.set_ylim(0, 1.05)
+    ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 1.18))
+    if itp:
+        ax2 = axes[1][0]
+        xs = range(len(itp))
+        ours = [by[(c.trace, c.cluster, "elasticflow")].deadline_ratio for c in itp]
+        ax2.bar([x - 0.2 for x in xs], ours, 0.4, label="ElasticFlow (ours)", color="C0")
+        ax2.bar([x + 0.2 for x in xs], [c.references.get("elasticflow", 0) for c in itp], 0.4,
+                label="ElasticFlow (paper)", color="C7")
+        ax2.plot(list(xs), [report.bounds[c.key].bound for c in itp], "k_", markersize=18, label="LP bound")
+        ax2.set_xticks(list(xs), [c.trace.split("/")[-1] for c in itp], fontsize=8)
+        ax2.set_ylabel("deadline ratio (ITP clusters, 128 GPUs)")
+        ax2.set_ylim(0, 1.05)
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _plot_cluster_size(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = [c for c in report.cases if c.group == "sweep"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if not sweep:
+        ax.text(0.5, 0.5, "no cluster-size sweep in this run", ha="center", transform=ax.transAxes)
+    else:
+        sizes = []
+        for c in sweep:
+            spec = _inputs(c.model_dump_json())[1]
+            sizes.append(spec.num_gpus)
+        by = {(r.trace, r.cluster, r.policy): r for r in report.results}
+        for i, policy in enumerate(p for p in POLICIES if any((c.trace, c.cluster, p) in by for c in sweep)):
+            ax.plot(sizes, [by[(c.trace, c.cluster, policy)].deadline_ratio for c in sweep], "o-", label=policy,
+                    color=f"C{list(POLICIES).index(policy)}")
+        ax.plot(sizes, [report.bounds[c.key].bound for c in sweep], "k--", label="LP bound")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.set_title(f"{sweep[0].trace}, interval {sweep[0].interval:g} s")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("GPUs in the cluster")
+    ax.set_ylabel("deadline ratio")
+    ax.set_ylim(0, 1.05)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)

@@ -268,7 +268,7 @@ def _plot_cluster_size(report: Report, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.set_title(f"{sweep[0].trace}, interval {sweep[0].interval:g} s")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left", ncol=3)
     ax.set_xlabel("GPUs in the cluster")
     ax.set_ylabel("deadline ratio")
     ax.set_ylim(0, 1.05)

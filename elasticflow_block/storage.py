@@ -57,6 +57,22 @@ def default_root() -> str:
     return str(Path(home) / "checkpoints")
 
 
+class _HashingWriter:
+    """Hashes bytes on their way to the file: one pass, no in-memory copy of the payload."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self.fh.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
 class CheckpointStorage:
     """Save, verify, list and prune checkpoints of training runs under one URL."""
 
@@ -89,25 +105,25 @@ class CheckpointStorage:
         base = f"{self._dir(run_key)}/ckpt-{iteration:010d}"
         return f"{base}.pt", f"{base}.sha256"
 
-    def _write_atomic(self, path: str, data: bytes) -> None:
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with self.fs.open(tmp, "wb") as fh:
-            fh.write(data)
-        self.fs.mv(tmp, path)
+    def _tmp(self, path: str) -> str:
+        return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
 
     def save(self, run_key: str, iteration: int, state: dict[str, Any]) -> CheckpointInfo:
         """Write `state` as the checkpoint at `iteration`, then prune old ones."""
         start = time.perf_counter()
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        payload = buffer.getvalue()
-        digest = hashlib.sha256(payload).hexdigest()
         data_path, sum_path = self._paths(run_key, iteration)
         self.fs.makedirs(self._dir(run_key), exist_ok=True)
-        self._write_atomic(data_path, payload)
-        self._write_atomic(sum_path, digest.encode())
+        tmp = self._tmp(data_path)
+        with self.fs.open(tmp, "wb") as fh:
+            writer = _HashingWriter(fh)
+            torch.save(state, writer)
+        self.fs.mv(tmp, data_path)
+        tmp = self._tmp(sum_path)
+        with self.fs.open(tmp, "wb") as fh:
+            fh.write(writer.sha.hexdigest().encode())
+        self.fs.mv(tmp, sum_path)
         self.prune(run_key)
-        return CheckpointInfo(run_key, iteration, data_path, len(payload), time.perf_counter() - start)
+        return CheckpointInfo(run_key, iteration, data_path, writer.size, time.perf_counter() - start)
 
     def load(self, run_key: str, iteration: int) -> tuple[dict[str, Any], CheckpointInfo]:
         """Load and verify one checkpoint; raise `CheckpointCorrupt` if it fails."""

@@ -1,14 +1,20 @@
 """Launch one training segment as `world_size` worker processes and supervise it.
 
-Each worker is a fresh `python -m flows.training.worker` process (never a fork
-of the flow process, which runs Prefect's threads). A "GPU" is a CUDA device id
-passed through CUDA_VISIBLE_DEVICES; on a CPU-only machine it is a worker slot.
-If any worker dies, the others are killed and the segment reports `crashed`:
-the flow then relaunches from the last checkpoint.
+Each worker is a `python -m flows.training.worker --standby` process, never a
+fork of the flow process (which runs Prefect's threads). A standby imports
+torch, then waits on stdin for a segment. `WorkerPool` keeps a few standbys
+ready so that a relaunch does not pay ~4 s of imports per worker (torch, and
+`torch._dynamo` which the first optimizer step pulls in): on a small machine
+that is most of a rescale. Missing standbys are started on demand.
+
+A "GPU" is a CUDA device id passed through CUDA_VISIBLE_DEVICES; on a CPU-only
+machine it is a worker slot. If any worker dies, the others are killed and the
+segment reports `crashed`: the flow then relaunches from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -17,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,6 +37,60 @@ ProgressCallback = Callable[[int, float, float], None]  # (iteration, loss, wall
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+class WorkerPool:
+    """Standby worker processes, already past their imports, handed out to segments."""
+
+    def __init__(self) -> None:
+        self._standby: list[subprocess.Popen[bytes]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _spawn() -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"  # read once at process start by the OpenMP runtime
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.training.worker", "--standby"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def _alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self._standby if p.poll() is None]
+
+    def take(self, count: int) -> list[subprocess.Popen[bytes]]:
+        """`count` workers: standbys first, fresh processes for the rest."""
+        with self._lock:
+            alive = self._alive()
+            taken, self._standby = alive[:count], alive[count:]
+        return taken + [self._spawn() for _ in range(count - len(taken))]
+
+    def refill(self, count: int) -> None:
+        """Start standbys until `count` are waiting."""
+        with self._lock:
+            self._standby = self._alive()
+            self._standby += [self._spawn() for _ in range(count - len(self._standby))]
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return len(self._alive())
+
+    def close(self) -> None:
+        with self._lock:
+            standby, self._standby = self._standby, []
+        for proc in standby:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+POOL = WorkerPool()
+atexit.register(POOL.close)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 free right now, for the rendezvous store."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -40,13 +101,16 @@ def free_port() -> int:
 class Segment:
     """A running segment: its processes, its folder, and how to stop it."""
 
-    def __init__(self, spec: SegmentSpec, gpus: list[int], workdir: Path | None = None) -> None:
+    def __init__(
+        self, spec: SegmentSpec, gpus: list[int], workdir: Path | None = None, pool: WorkerPool | None = None
+    ) -> None:
         if not gpus:
             raise ValueError("a segment needs at least one GPU / worker slot")
         self.spec, self.gpus = spec, list(gpus)
         self.dir = Path(tempfile.mkdtemp(prefix=f"segment-{spec.run_key[:12]}-", dir=workdir))
         (self.dir / "spec.json").write_text(spec.model_dump_json())
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.pool = pool or POOL
         self.launch_t = 0.0
         self._progress_offset = 0
 
@@ -54,31 +118,26 @@ class Segment:
         port = free_port()
         self.launch_t = time.time()
         world = len(self.gpus)
-        for rank in range(world):
-            env = dict(os.environ)
-            env.update(
+        self.procs = self.pool.take(world)
+        for rank, proc in enumerate(self.procs):
+            env = dict(
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(world),
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
                 ELASTICFLOW_LAUNCH_T=repr(self.launch_t),
                 ELASTICFLOW_GPUS=",".join(map(str, self.gpus)),
                 # One device per worker: the worker always uses cuda:0 of what it sees.
                 CUDA_VISIBLE_DEVICES=str(self.gpus[rank]) if self.spec.device == "cuda" else "",
-                PYTHONPATH=os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")])),
             )
-            stderr = open(self.dir / f"rank{rank}.log", "wb")
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "flows.training.worker", str(self.dir)],
-                    env=env,
-                    stdout=stderr,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            stderr.close()
+            order = {"segment_dir": str(self.dir), "env": env, "log": str(self.dir / f"rank{rank}.log")}
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps(order).encode() + b"\n")
+                proc.stdin.close()
+            except BrokenPipeError:  # it died while waiting; supervision reports the crash
+                log.warning("worker rank=%d exited before its segment was handed over", rank)
         log.info("segment started run_key=%s gpus=%s port=%d dir=%s", self.spec.run_key, self.gpus, port, self.dir)
 
     @property

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from elasticflow_block.storage import CheckpointStorage, default_root
 from flows.training.control import ControlAck, FileControlChannel, default_control_root
 from flows.training.datasets import load_dataset
-from flows.training.launcher import ProgressCallback, Segment
+from flows.training.launcher import POOL, ProgressCallback, Segment
 from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
 from flows.training.segment import SegmentResult, SegmentSpec
@@ -33,6 +33,9 @@ log = logging.getLogger("elasticflow.runtime")
 
 # Runs a zero-argument segment launch, e.g. as a Prefect task; gets a display name.
 SegmentWrapper = Callable[[Callable[[], SegmentResult], str], SegmentResult]
+
+
+STANDBY_ENV = "ELASTICFLOW_STANDBY_WORKERS"  # standby workers kept warm; default: largest planned GPU set
 
 
 class RescaleRecord(BaseModel):
@@ -92,6 +95,19 @@ class _Termination:
                 os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _standby_target(params: TrainParameters, override: list[int] | None, gpus: list[int], next_switch: int | None) -> int:
+    """How many warm workers the next relaunch will want: the next planned GPU set
+    when the plan says, the current size when the scheduler steers (a guess),
+    none after the last planned segment. `ELASTICFLOW_STANDBY_WORKERS` overrides."""
+    if STANDBY_ENV in os.environ:
+        return int(os.environ[STANDBY_ENV])
+    if override is not None:
+        return len(gpus)
+    if next_switch is not None:
+        return len(params.planned_gpus(next_switch)[0])
+    return 0
+
+
 def default_device(requested: str) -> Literal["cpu", "cuda"]:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -146,14 +162,24 @@ def run_training(
     termination = _Termination()
     termination.install()
 
-    def launch(spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback) -> SegmentResult:
+    def launch(spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback, standby: int) -> SegmentResult:
         segment = Segment(spec, gpus)
         termination.segment = segment
         segment.start()
+        refilled = False
+
+        def progress(iteration: int, loss: float, wall_t: float) -> None:
+            # Once this segment trains, warm the next one's workers; earlier, their
+            # imports would only slow this segment's start.
+            nonlocal refilled
+            if not refilled:
+                POOL.refill(standby)
+                refilled = True
+            on_progress(iteration, loss, wall_t)
         if segment_hook:
             segment_hook(segment)
         try:
-            return segment.wait(on_progress)
+            return segment.wait(progress)
         except BaseException:
             segment.kill(grace_s=30.0)  # let workers checkpoint before we go
             raise
@@ -197,10 +223,11 @@ def run_training(
             )
             tracker.segment_started(gpus, iteration)
             name = f"segment-{len(segments)}-it{iteration}-gpus{'_'.join(map(str, gpus))}"
+            standby = _standby_target(params, override, gpus, next_switch)
             if wrap_segment:
-                result = wrap_segment(lambda: launch(spec, gpus, tracker.on_iteration), name)
+                result = wrap_segment(lambda: launch(spec, gpus, tracker.on_iteration, standby), name)
             else:
-                result = launch(spec, gpus, tracker.on_iteration)
+                result = launch(spec, gpus, tracker.on_iteration, standby)
             tracker.segment_finished(result)
             segments.append(result)
             if result.reason == "crashed":

@@ -253,8 +253,30 @@ def main(segment_dir: str) -> int:
     return 0
 
 
+def standby() -> int:
+    """Wait, with torch already imported, for the launcher to hand over a segment.
+
+    The launcher writes one JSON line on stdin: the segment folder, the
+    environment a fresh worker would have been started with (rank, rendezvous
+    port, CUDA_VISIBLE_DEVICES: applied before anything touches CUDA) and the log
+    file. EOF means the launcher is gone: exit quietly.
+    """
+    import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    order = json.loads(line)
+    os.environ.update(order["env"])
+    fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return main(order["segment_dir"])
+
+
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    code = standby() if sys.argv[1] == "--standby" else main(sys.argv[1])
     # Everything is on disk (checkpoint, result.json); skip interpreter teardown,
     # which takes ~1 s with torch loaded and sits on the rescale path.
     logging.shutdown()

@@ -103,8 +103,12 @@ def main() -> None:
     summary["goal_save"] = summary["save_s"] < 1.0
     for r in summary["rescales"]:
         print(f"rescale {r['from']} -> {r['to']} at iteration {r['at']}: {r['seconds']:.2f} s")
-    print(f"start {summary['start_s']:.2f} s (cold {summary['cold_start_s']:.2f} s), save {summary['save_s']:.3f} s, load {summary['load_s']:.3f} s; budget {budget:.2f} s")
-    print(f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}; max relative difference {summary['max_loss_rel_diff']:.2e}")
+    print(
+        f"start {summary['start_s']:.2f} s (cold {summary['cold_start_s']:.2f} s), save {summary['save_s']:.3f} s, load {summary['load_s']:.3f} s; budget {budget:.2f} s"
+    )
+    print(
+        f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}; max relative difference {summary['max_loss_rel_diff']:.2e}"
+    )
     print(json.dumps(summary))
 
 

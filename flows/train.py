@@ -82,7 +82,13 @@ def train(
     run_key = str(flow_run.id or uuid.uuid4())
 
     def tracker(total: int, channel: FileControlChannel) -> PrefectProgress:
-        logger.info("training %s for %d iterations; run key %s; control channel %s", params.model, total, run_key, channel.folder)
+        logger.info(
+            "training %s for %d iterations; run key %s; control channel %s",
+            params.model,
+            total,
+            run_key,
+            channel.folder,
+        )
         return PrefectProgress(run_key, total, params.deadline, channel, flow_run_id=run_key)
 
     result = run_training(params, run_key, wrap_segment=_as_task, tracker_factory=tracker)

@@ -88,7 +88,12 @@ class VGG(nn.Module):
     }
 
     def __init__(
-        self, num_classes: int = 10, in_channels: int = 3, config: str = "vgg11", width_div: int = 1, norm: str = "group"
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        config: str = "vgg11",
+        width_div: int = 1,
+        norm: str = "group",
     ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
@@ -146,7 +151,13 @@ class TinyGPT(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int = 256, block_size: int = 32, dim: int = 64, depth: int = 2, heads: int = 4, dropout: float = 0.0
+        self,
+        vocab_size: int = 256,
+        block_size: int = 32,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.block_size = block_size

@@ -35,7 +35,8 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
         match = _RELATIVE.match(text)
         if match:
             seconds = sum(
-                float(num) * _UNIT_SECONDS[unit] for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", match.group(1))
+                float(num) * _UNIT_SECONDS[unit]
+                for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", match.group(1))
             )
             return now + timedelta(seconds=seconds)
         try:
@@ -83,7 +84,9 @@ class TrainParameters(BaseModel):
     switch_at: list[int] = Field(default_factory=list, description="iterations at which to move to the next GPU set")
     checkpoint_interval: int = Field(default=50, ge=1)
     keep_checkpoints: int = Field(default=3, ge=1)
-    checkpoint_store: str | None = Field(default=None, description="fsspec URL, or name of a saved CheckpointStore block")
+    checkpoint_store: str | None = Field(
+        default=None, description="fsspec URL, or name of a saved CheckpointStore block"
+    )
     control_dir: str | None = Field(default=None, description="root of the file control channel")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_restarts: int = Field(default=3, ge=0, description="relaunches after a crashed segment")

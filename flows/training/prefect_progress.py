@@ -39,11 +39,16 @@ class PrefectProgress(ProgressTracker):
         except Exception as exc:  # Prefect must never fail training
             self.paused_until = time.time() + self.retry_after_s
             log.warning(
-                "Prefect %s failed; progress only in logs and the status file for %.0f s: %s", what, self.retry_after_s, exc
+                "Prefect %s failed; progress only in logs and the status file for %.0f s: %s",
+                what,
+                self.retry_after_s,
+                exc,
             )
             return None
 
-    def publish(self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None) -> None:
+    def publish(
+        self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None
+    ) -> None:
         super().publish(snap, event, force, extra)
         self._safely("artifact", lambda: self._artifact(snap))
         self._safely("labels", lambda: self._labels(snap))
@@ -57,7 +62,9 @@ class PrefectProgress(ProgressTracker):
             f"{(snap.iterations_per_s or 0):.2f} it/s; projected finish {snap.projected_finish}"
         )
         if self.artifact_id is None:
-            self.artifact_id = create_progress_artifact(progress=snap.percent, key=ARTIFACT_KEY, description=description)
+            self.artifact_id = create_progress_artifact(
+                progress=snap.percent, key=ARTIFACT_KEY, description=description
+            )
         else:
             update_progress_artifact(self.artifact_id, progress=snap.percent, description=description)
 

@@ -101,13 +101,18 @@ class ProgressTracker:
 
     def rescaled(self, old: list[int], new: list[int], iteration: int, seconds: float | None) -> None:
         self.publish(
-            self.snapshot(), event="rescaled", force=True, extra={"from_gpus": old, "to_gpus": new, "rescale_s": seconds}
+            self.snapshot(),
+            event="rescaled",
+            force=True,
+            extra={"from_gpus": old, "to_gpus": new, "rescale_s": seconds},
         )
 
     def finished(self, status: str) -> None:
         self.publish(self.snapshot(), event=status, force=True)
 
-    def publish(self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None) -> None:
+    def publish(
+        self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None
+    ) -> None:
         self._last_publish = time.time()
         if self.channel:
             try:

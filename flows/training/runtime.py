@@ -95,7 +95,9 @@ class _Termination:
                 os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _standby_target(params: TrainParameters, override: list[int] | None, gpus: list[int], next_switch: int | None) -> int:
+def _standby_target(
+    params: TrainParameters, override: list[int] | None, gpus: list[int], next_switch: int | None
+) -> int:
     """How many warm workers the next relaunch will want: the next planned GPU set
     when the plan says, the current size when the scheduler steers (a guess),
     none after the last planned segment. `ELASTICFLOW_STANDBY_WORKERS` overrides."""
@@ -176,6 +178,7 @@ def run_training(
                 POOL.refill(standby)
                 refilled = True
             on_progress(iteration, loss, wall_t)
+
         if segment_hook:
             segment_hook(segment)
         try:
@@ -225,14 +228,20 @@ def run_training(
             name = f"segment-{len(segments)}-it{iteration}-gpus{'_'.join(map(str, gpus))}"
             standby = _standby_target(params, override, gpus, next_switch)
             if wrap_segment:
-                result = wrap_segment(lambda: launch(spec, gpus, tracker.on_iteration, standby), name)
+                result = wrap_segment(lambda s=spec, g=gpus, n=standby: launch(s, g, tracker.on_iteration, n), name)
             else:
                 result = launch(spec, gpus, tracker.on_iteration, standby)
             tracker.segment_finished(result)
             segments.append(result)
             if result.reason == "crashed":
                 restarts += 1
-                log.warning("segment crashed run_key=%s restart=%d/%d error=%s", run_key, restarts, params.max_restarts, result.error)
+                log.warning(
+                    "segment crashed run_key=%s restart=%d/%d error=%s",
+                    run_key,
+                    restarts,
+                    params.max_restarts,
+                    result.error,
+                )
                 if restarts > params.max_restarts:
                     raise RuntimeError(f"training crashed {restarts} times; last error: {result.error}")
                 done = storage.iterations(run_key)
@@ -242,10 +251,16 @@ def run_training(
             if previous is not None and previous.gpus != result.gpus:
                 seconds = None
                 if not parked and (previous.timings.stop_seen_t is not None or previous.reason == "target"):
-                    stop_t = previous.timings.stop_seen_t or max(previous.timings.iteration_end_t.values(), default=None)
+                    stop_t = previous.timings.stop_seen_t or max(
+                        previous.timings.iteration_end_t.values(), default=None
+                    )
                     seconds = result.timings.loaded_t - stop_t if stop_t else None
                 record = RescaleRecord(
-                    iteration=result.start_iteration, from_gpus=previous.gpus, to_gpus=result.gpus, cause=cause, seconds=seconds
+                    iteration=result.start_iteration,
+                    from_gpus=previous.gpus,
+                    to_gpus=result.gpus,
+                    cause=cause,
+                    seconds=seconds,
                 )
                 rescales.append(record)
                 tracker.rescaled(record.from_gpus, record.to_gpus, record.iteration, seconds)

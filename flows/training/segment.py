@@ -55,8 +55,12 @@ class SegmentResult(BaseModel):
     start_iteration: int
     end_iteration: int
     reason: StopReason
-    losses: dict[int, float] = Field(default_factory=dict, description="this segment's global mean loss by iteration index")
-    history: list[float] = Field(default_factory=list, description="the run's whole loss history, from the checkpoint on")
+    losses: dict[int, float] = Field(
+        default_factory=dict, description="this segment's global mean loss by iteration index"
+    )
+    history: list[float] = Field(
+        default_factory=list, description="the run's whole loss history, from the checkpoint on"
+    )
     timings: SegmentTimings = Field(default_factory=SegmentTimings)
     checkpoint_iteration: int | None = None
     error: str | None = None

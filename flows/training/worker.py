@@ -49,7 +49,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def build_optimizer(model: torch.nn.Module, spec: SegmentSpec) -> torch.optim.Optimizer:
     hp = spec.hyperparameters
     if hp.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        return torch.optim.SGD(
+            model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay
+        )
     if hp.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
     return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)

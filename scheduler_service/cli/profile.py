@@ -35,7 +35,9 @@ def profile(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="dataset (default: synthetic for the model)"),
     export: Optional[Path] = typer.Option(None, "--export", help="also write the model's curves as CSV"),
-    database_url: Optional[str] = typer.Option(None, "--database-url", help="SQLAlchemy URL (default: $ELASTICFLOW_DATABASE_URL or SQLite)"),
+    database_url: Optional[str] = typer.Option(
+        None, "--database-url", help="SQLAlchemy URL (default: $ELASTICFLOW_DATABASE_URL or SQLite)"
+    ),
 ) -> None:
     """Measure iterations/s on each GPU count with short DDP runs and store the curve."""
     from flows.training.profiler import profile_throughput
@@ -43,7 +45,9 @@ def profile(
 
     counts = _gpu_counts(gpus)
     try:
-        curve = profile_throughput(model, batch_size, counts, iterations=iterations, warmup=warmup, device=device, dataset=dataset)
+        curve = profile_throughput(
+            model, batch_size, counts, iterations=iterations, warmup=warmup, device=device, dataset=dataset
+        )
     except ValueError as exc:
         errors.print(f"error: {exc}")
         raise typer.Exit(2) from None

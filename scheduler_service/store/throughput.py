@@ -59,7 +59,11 @@ def save_curve(
         for gpus, rate in sorted(curve.items()):
             session.add(
                 ThroughputMeasurement(
-                    model=model, global_batch_size=batch_size, gpus=int(gpus), iterations_per_s=float(rate), device=device
+                    model=model,
+                    global_batch_size=batch_size,
+                    gpus=int(gpus),
+                    iterations_per_s=float(rate),
+                    device=device,
                 )
             )
         session.commit()

@@ -42,7 +42,9 @@ def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
     return make
 
 
-def when_iteration_reaches(segment: Segment, iteration: int, action: Callable[[], None], timeout_s: float = 60) -> threading.Thread:
+def when_iteration_reaches(
+    segment: Segment, iteration: int, action: Callable[[], None], timeout_s: float = 60
+) -> threading.Thread:
     """Run `action` from a thread once rank 0 has logged `iteration` (polled every 2 ms)."""
 
     def watch() -> None:
@@ -71,4 +73,8 @@ def progress_iterations(segment_dir: Path) -> list[int]:
     import json
 
     path = segment_dir / "progress.jsonl"
-    return [json.loads(line)["iteration"] for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line)["iteration"] for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )

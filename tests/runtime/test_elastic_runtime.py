@@ -10,7 +10,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -19,7 +18,7 @@ from elasticflow_block import CheckpointStorage
 from flows.training.control import FileControlChannel
 from flows.training.launcher import Segment
 from flows.training.params import TrainParameters
-from flows.training.runtime import TrainResult, run_training
+from flows.training.runtime import run_training
 from tests.runtime.conftest import progress_iterations, when_iteration_reaches
 
 pytestmark = pytest.mark.slow
@@ -57,7 +56,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], list[flo
     return get
 
 
-def test_resized_2_4_1_follows_the_never_resized_trajectory(make_params: Callable[..., TrainParameters], reference: Any) -> None:
+def test_resized_2_4_1_follows_the_never_resized_trajectory(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
     params = make_params(gpu_plan=[[0, 1], [0, 1, 2, 3], [0]], switch_at=[80, 160], iterations=N)
     result = run_training(params, "resized")
     assert result.status == "completed" and result.iterations == N
@@ -75,7 +76,9 @@ def test_resized_2_4_1_follows_the_never_resized_trajectory(make_params: Callabl
     assert result.losses[-1] < result.losses[0]
 
 
-def test_control_channel_parks_then_moves_a_running_job(make_params: Callable[..., TrainParameters], reference: Any) -> None:
+def test_control_channel_parks_then_moves_a_running_job(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
     params = make_params(gpu_plan=[[0]], iterations=N, checkpoint_interval=50)
     channel = FileControlChannel("steered", params.control_dir)
     hooks: list[Segment] = []

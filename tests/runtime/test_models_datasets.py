@@ -75,4 +75,6 @@ def test_token_files(tmp_path: Path) -> None:
     inputs, targets = data.batch(torch.tensor([1]))
     assert inputs.tolist() == [list(range(8, 16))] and targets.tolist() == [list(range(9, 17))]
     np.save(tmp_path / "train.npy", tokens.astype(np.int32))
-    assert len(load_dataset(DatasetSpec(name="tokens", path=str(tmp_path / "train.npy"), options={"block_size": 8}))) == 12
+    assert (
+        len(load_dataset(DatasetSpec(name="tokens", path=str(tmp_path / "train.npy"), options={"block_size": 8}))) == 12
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +31,13 @@ def _events(flow_run_id: str, timeout_s: float = 20.0) -> list[dict]:
 
     EventsWorker.drain_all()
     deadline = time.time() + timeout_s
-    body = {"filter": {"event": {"prefix": ["elasticflow.training."]}, "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]}}, "limit": 50}
+    body = {
+        "filter": {
+            "event": {"prefix": ["elasticflow.training."]},
+            "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
+        },
+        "limit": 50,
+    }
     events: list[dict] = []
     while time.time() < deadline:
         with get_client(sync_client=True) as client:
@@ -73,7 +78,9 @@ def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Pat
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(uuid.UUID(flow_run_id))
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
     assert run.labels["elasticflow.iteration"] == "40"
     assert run.labels["elasticflow.gpus"] == "0"
     assert run.labels["elasticflow.on_track"] == "true"
@@ -84,7 +91,11 @@ def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Pat
     assert progress and progress[-1].data == 100.0
 
     names = {e["event"] for e in _events(flow_run_id)}
-    assert {"elasticflow.training.segment.started", "elasticflow.training.rescaled", "elasticflow.training.completed"} <= names
+    assert {
+        "elasticflow.training.segment.started",
+        "elasticflow.training.rescaled",
+        "elasticflow.training.completed",
+    } <= names
 
     status = FileControlChannel(flow_run_id, tmp_path / "control").status()
     assert status is not None and status["iteration"] == 40

@@ -1,0 +1,53 @@
+"""Standby workers: started ahead, handed a segment on stdin, gone with the launcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.training.datasets import DatasetSpec
+from flows.training.launcher import Segment, WorkerPool
+from flows.training.params import Hyperparameters
+from flows.training.segment import SegmentSpec
+
+pytestmark = pytest.mark.slow
+
+
+def _spec(tmp_path: Path, iterations: int) -> SegmentSpec:
+    return SegmentSpec(
+        run_key="pool",
+        model="mlp",
+        dataset=DatasetSpec(name="synthetic-vectors"),
+        hyperparameters=Hyperparameters(global_batch_size=8),
+        total_iterations=iterations,
+        stop_at=iterations,
+        checkpoint_interval=100,
+        checkpoint_url=str(tmp_path / "ck"),
+    )
+
+
+def test_a_standby_runs_the_next_segment_and_a_missing_one_starts_cold(tmp_path: Path) -> None:
+    pool = WorkerPool()
+    try:
+        pool.refill(1)
+        standby_pid = pool._standby[0].pid
+        segment = Segment(_spec(tmp_path, 3), [0, 1], pool=pool)
+        segment.start()
+        assert segment.pids[0] == standby_pid and segment.pids[1] != standby_pid
+        assert pool.size == 0
+        result = segment.wait()
+        assert result.reason == "completed" and result.end_iteration == 3
+        assert (segment.dir / "rank1.log").exists()  # the hand-over redirected its output
+    finally:
+        pool.close()
+
+
+def test_standbys_exit_when_the_launcher_goes(tmp_path: Path) -> None:
+    pool = WorkerPool()
+    pool.refill(1)
+    proc = pool._standby[0]
+    assert proc.stdin is not None
+    proc.stdin.close()  # what the launcher's death looks like from the standby
+    assert proc.wait(timeout=60) == 0
+    pool.close()

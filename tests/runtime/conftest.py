@@ -14,6 +14,15 @@ from flows.training.launcher import Segment
 from flows.training.params import TrainParameters
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> None:
+    """In-process torch work in tests is tiny; two OpenMP threads per xdist worker
+    on two busy cores spin against each other and run ~50x slower."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def elasticflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"

@@ -21,7 +21,8 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         from prefect.testing.utilities import prefect_test_harness
 
-        with prefect_test_harness(server_startup_timeout=240)  # ~10 s idle; minutes on 2 busy cores:
+        # ~10 s on an idle machine; over a minute on two busy cores.
+        with prefect_test_harness(server_startup_timeout=240):
             yield
 
 

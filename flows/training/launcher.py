@@ -18,6 +18,7 @@ import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,6 +108,8 @@ class Segment:
         if not gpus:
             raise ValueError("a segment needs at least one GPU / worker slot")
         self.spec, self.gpus = spec, list(gpus)
+        if workdir is not None:
+            workdir.mkdir(parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix=f"segment-{spec.run_key[:12]}-", dir=workdir))
         (self.dir / "spec.json").write_text(spec.model_dump_json())
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -188,9 +191,14 @@ class Segment:
                 # Survivors are stuck in a collective with a dead peer: no point
                 # in a graceful stop, the last checkpoint is what we resume from.
                 self.kill(grace_s=0.0)
-                rank, code = failed[0]
-                error = f"worker rank {rank} exited with {code}: {self._log_tail(rank)}"
-                log.warning("segment crashed run_key=%s rank=%d code=%s", self.spec.run_key, rank, code)
+                # A rank killed by a signal is the likely cause; the others then
+                # fail in a collective. Report that one's log, and every exit code.
+                rank, code = min(failed, key=lambda rc: (rc[1] >= 0, rc[0]))
+                codes_text = ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes))
+                error = f"worker rank {rank} exited with {code} ({codes_text}): {self._log_tail(rank)}"
+                log.warning(
+                    "segment crashed run_key=%s rank=%d code=%s dir=%s", self.spec.run_key, rank, code, self.dir
+                )
                 return SegmentResult(
                     gpus=self.gpus,
                     start_iteration=-1,
@@ -208,6 +216,15 @@ class Segment:
         result = SegmentResult.model_validate_json((self.dir / "result.json").read_text())
         result.gpus = self.gpus
         return result
+
+
+def prune_segment_dirs(folder: Path, keep: int = 5) -> None:
+    """Keep the newest `keep` segment folders (logs, progress, result) of a run."""
+    if not folder.exists():
+        return
+    dirs = sorted((d for d in folder.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for old in dirs[:-keep] if keep else dirs:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def run_segment(

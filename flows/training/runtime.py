@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from elasticflow_block.storage import CheckpointStorage, default_root
 from flows.training.control import ControlAck, FileControlChannel, default_control_root
 from flows.training.datasets import load_dataset
-from flows.training.launcher import POOL, ProgressCallback, Segment
+from flows.training.launcher import POOL, ProgressCallback, Segment, prune_segment_dirs
 from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
 from flows.training.segment import SegmentResult, SegmentSpec
@@ -144,6 +144,7 @@ def run_training(
     storage = CheckpointStorage(checkpoint_url, keep=params.keep_checkpoints)
     control_root = Path(params.control_dir) if params.control_dir else default_control_root()
     channel = FileControlChannel(run_key, control_root)
+    segments_dir = channel.folder / "segments"  # worker logs, progress and results, newest 5 kept
     if tracker_factory:
         tracker = tracker_factory(total, channel)
     else:
@@ -165,7 +166,7 @@ def run_training(
     termination.install()
 
     def launch(spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback, standby: int) -> SegmentResult:
-        segment = Segment(spec, gpus)
+        segment = Segment(spec, gpus, workdir=segments_dir)
         termination.segment = segment
         segment.start()
         refilled = False
@@ -188,6 +189,7 @@ def run_training(
             raise
         finally:
             termination.segment = None
+            prune_segment_dirs(segments_dir, keep=5)
 
     status: Literal["completed", "stopped", "preempted"] = "completed"
     try:

@@ -169,6 +169,7 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(
     result = run_training(params, "killed", segment_hook=on_segment)
     assert result.status == "completed" and result.restarts == 1
     assert [s.reason for s in result.segments] == ["crashed", "completed"]
+    assert result.segments[0].error.startswith("worker rank 1 exited with -9")  # the cause, not the casualties
     done_before = progress_iterations(segments[0].dir)
     done_after = progress_iterations(segments[1].dir)
     resumed_from = result.segments[1].start_iteration

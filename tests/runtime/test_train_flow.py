@@ -129,3 +129,12 @@ def test_progress_never_fails_training_without_an_api(monkeypatch: pytest.Monkey
         tracker.finished("completed")
         assert time.perf_counter() - start < 0.5  # paused: no more network attempts
     assert tracker.snapshot().iteration == 10
+
+
+def test_a_saved_checkpoint_store_block_is_found_by_name(prefect_server: None, tmp_path: Path) -> None:
+    from elasticflow_block import CheckpointStore
+    from flows.training.runtime import resolve_checkpoint_url
+
+    CheckpointStore(url=str(tmp_path / "store"), keep=2).save("runtime-test-store", overwrite=True)
+    assert resolve_checkpoint_url("runtime-test-store") == str(tmp_path / "store")
+    assert resolve_checkpoint_url(str(tmp_path / "direct")) == str(tmp_path / "direct")  # paths pass through

@@ -20,9 +20,13 @@ ARTIFACT_KEY = "elasticflow-training-progress"
 
 
 class PrefectProgress(ProgressTracker):
-    def __init__(self, *args: Any, flow_run_id: str, retry_after_s: float = 60.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, flow_run_id: str, retry_after_s: float = 60.0, every_s: float = 10.0, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.flow_run_id = flow_run_id
+        self.every_s = every_s  # routine progress to Prefect; segment changes always go out
+        self._last_sent = 0.0
         self.artifact_id: Any = None
         self.retry_after_s = retry_after_s
         self.paused_until = 0.0
@@ -50,6 +54,9 @@ class PrefectProgress(ProgressTracker):
         self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None
     ) -> None:
         super().publish(snap, event, force, extra)
+        if not force and time.time() - self._last_sent < self.every_s:
+            return
+        self._last_sent = time.time()
         self._safely("artifact", lambda: self._artifact(snap))
         self._safely("labels", lambda: self._labels(snap))
         self._safely("event", lambda: self._event(snap, event, extra))

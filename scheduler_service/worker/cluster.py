@@ -1,0 +1,64 @@
+"""The cluster the service schedules: a cluster file, or this machine.
+
+A cluster file has the shape of `data/clusters/*.csv` (`num_switch,
+num_node_p_switch, num_gpu_p_node, ...`) and is read with the simulator's
+`load_cluster`, so bad files fail with the same one-line message. Without one
+(`ELASTICFLOW_CLUSTER` unset and no `infra/cluster.csv`), the local machine is
+the cluster: one node with its CUDA devices, or, on a CPU-only machine,
+`ELASTICFLOW_CPU_SLOTS` worker slots (default: the CPU count), rounded down to
+a power of two because buddy placement needs one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler_service.policy.topology import Topology
+from scheduler_service.simulator.inputs import load_cluster
+
+CLUSTER_ENV = "ELASTICFLOW_CLUSTER"
+CPU_SLOTS_ENV = "ELASTICFLOW_CPU_SLOTS"
+DEFAULT_CLUSTER_FILE = Path(__file__).resolve().parents[2] / "infra" / "cluster.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    topology: Topology
+    device: str  # "cuda" or "cpu" (a "GPU" is then a worker slot)
+    nodes: tuple[str, ...]  # node names, index = Topology.node_of(gpu)
+    source: str
+
+    def nodes_of(self, gpus: list[int] | tuple[int, ...]) -> list[str]:
+        return sorted({self.nodes[self.topology.node_of(g)] for g in gpus}, key=self.nodes.index)
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def local_cuda_devices() -> int:
+    """CUDA devices visible here, without importing torch (the worker starts fast)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def load(path: str | Path | None = None) -> Cluster:
+    """The cluster from `path`, `$ELASTICFLOW_CLUSTER`, `infra/cluster.csv`, or this machine."""
+    chosen = path or os.environ.get(CLUSTER_ENV) or (DEFAULT_CLUSTER_FILE if DEFAULT_CLUSTER_FILE.exists() else None)
+    if chosen:
+        topology = load_cluster(Path(chosen))
+        device = "cuda" if local_cuda_devices() else "cpu"
+        nodes = tuple(f"node-{i}" for i in range(topology.num_nodes))
+        if topology.num_nodes == 1:
+            nodes = ("localhost",)
+        return Cluster(topology, device, nodes, str(chosen))
+    cuda = local_cuda_devices()
+    if cuda:
+        return Cluster(Topology(1, 1, _floor_pow2(cuda)), "cuda", ("localhost",), f"{cuda} local CUDA devices")
+    slots = int(os.environ.get(CPU_SLOTS_ENV) or os.cpu_count() or 1)
+    return Cluster(Topology(1, 1, _floor_pow2(slots)), "cpu", ("localhost",), f"{slots} local CPU worker slots")

@@ -1,0 +1,170 @@
+"""The service's scheduling loop, without Prefect: the pure policy decides,
+this module keeps track of who physically holds which GPU and turns the
+policy's placement into launches and control-channel commands.
+
+Two facts drive it:
+
+- The policy is asked at most once per slot (`interval` seconds), at slot
+  boundaries, with every active job's status (remaining iterations from the
+  run's `status.json`, GPUs it runs on, restart still being paid).
+- A GPU goes to a new holder only after its old holder released it. A running
+  run's GPUs count as held until it acknowledges the command that gives them
+  up (`ack.json`); a run told to grow keeps its old GPUs and claims the new
+  ones at once. A run whose new set is not free yet keeps running where it is,
+  unless another run waits for its GPUs: then it is parked (checkpoints and
+  holds nothing) until its new set is free. Parking needs nothing from anyone,
+  so no cycle of runs waiting on each other can form.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flows.training.control import FileControlChannel
+from scheduler_service.policy import Decision, Job, JobStatus, SchedulingPolicy, SchedulingRequest
+
+Phase = Literal["waiting", "running", "finished"]
+
+
+@dataclass(slots=True)
+class Run:
+    """One flow run the service has admitted (or is about to decide on)."""
+
+    run_id: str
+    job: Job
+    channel: FileControlChannel
+    phase: Phase = "waiting"
+    held: tuple[int, ...] = ()  # GPUs it may be using right now
+    target: tuple[int, ...] = ()  # where the policy wants it
+    commanded: tuple[int, ...] = ()  # the last GPU set it was told to use
+    pending_seq: int | None = None  # a command not yet acknowledged
+    since: float = 0.0  # last (re)start: the restart overhead is paid from here
+    share: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What the worker must do to Prefect: launch a run, or show it waiting."""
+
+    run_id: str
+    kind: Literal["launch", "rescale", "park", "released", "await"]
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class PlanResult:
+    decisions: list[Decision]
+    allocation: dict[str, int]
+    projected_finish: dict[str, float]
+    seconds: float  # wall time of the policy call
+
+
+@dataclass
+class Scheduler:
+    policy: SchedulingPolicy
+    runs: dict[str, Run] = field(default_factory=dict)
+    arrivals: list[Run] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    last_slot: int | None = None
+
+    # -- inputs ----------------------------------------------------------------
+    def arrive(self, run: Run) -> None:
+        self.arrivals.append(run)
+
+    def finish(self, run_id: str) -> None:
+        """The run's flow process exited: every GPU it had is free."""
+        run = self.runs.get(run_id)
+        if run is None or run.phase == "finished":
+            return
+        run.phase, run.held, run.target, run.pending_seq = "finished", (), (), None
+        self.finished.append(run_id)
+
+    # -- the policy, once per slot --------------------------------------------
+    def due(self, now: float) -> bool:
+        return self.last_slot is None or self.policy.clock.slot_of(now) > self.last_slot
+
+    def status(self, now: float) -> dict[str, JobStatus]:
+        out = {}
+        for run_id, run in self.runs.items():
+            if run.phase == "finished":
+                continue
+            done = 0
+            if run.phase == "running":
+                status = run.channel.status() or {}
+                done = int(status.get("iteration") or 0)  # type: ignore[call-overload]
+            gpus = len(run.commanded) if run.phase == "running" else 0
+            overhead_left = max(0.0, self.policy.clock.overhead(gpus) - (now - run.since)) if gpus else 0.0
+            out[run_id] = JobStatus(max(0.0, run.job.iterations - done), gpus, overhead_left)
+        return out
+
+    def plan(self, now: float) -> PlanResult | None:
+        """Ask the policy, if a new slot has begun since the last time."""
+        if not self.due(now):
+            return None
+        self.last_slot = self.policy.clock.slot_of(now)
+        arrivals, self.arrivals = self.arrivals, []
+        finished, self.finished = self.finished, []
+        status = self.status(now)
+        started = time.perf_counter()
+        reply = self.policy.schedule(
+            SchedulingRequest(now=now, arrivals=[r.job for r in arrivals], finished=finished, status=status)
+        )
+        seconds = time.perf_counter() - started
+        admitted = {d.job_id: d for d in reply.decisions if d.admitted}
+        for run in arrivals:
+            if run.run_id in admitted:
+                run.share = admitted[run.run_id].share
+                self.runs[run.run_id] = run
+        for run_id in finished:
+            self.runs.pop(run_id, None)
+        for run_id, run in self.runs.items():
+            gpus = reply.allocation.get(run_id, 0)
+            run.target = reply.placement.gpus(run_id) if gpus else ()
+        return PlanResult(reply.decisions, reply.allocation, reply.projected_finish, seconds)
+
+    # -- placement -> physical GPUs, every poll --------------------------------
+    def actuate(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        active = [r for r in self.runs.values() if r.phase != "finished"]
+        for run in active:  # acknowledgements release what the run gave up
+            if run.pending_seq is not None:
+                ack = run.channel.acknowledged()
+                if ack is not None and ack.seq >= run.pending_seq:
+                    run.pending_seq, run.held = None, tuple(ack.gpus)
+                    if not run.held:
+                        actions.append(Action(run.run_id, "released"))
+
+        def held_by_others(run: Run) -> set[int]:
+            return {g for r in active if r is not run for g in r.held}
+
+        def wanted_by_others(run: Run) -> set[int]:
+            return {g for r in active if r is not run for g in r.target}
+
+        for run in [r for r in active if r.phase == "running" and r.pending_seq is None]:
+            if run.target == run.commanded:
+                continue
+            if run.target and not set(run.target) & held_by_others(run):
+                self._command(run, run.target, now)
+                run.held = tuple(sorted(set(run.held) | set(run.target)))
+                actions.append(Action(run.run_id, "rescale", run.target))
+            elif run.commanded and (not run.target or set(run.commanded) & wanted_by_others(run)):
+                self._command(run, (), now)
+                actions.append(Action(run.run_id, "park"))
+        for run in sorted((r for r in active if r.phase == "waiting"), key=lambda r: (r.job.submit_time, r.run_id)):
+            if run.target and not set(run.target) & held_by_others(run):
+                run.phase, run.held = "running", run.target
+                self._command(run, run.target, now)
+                actions.append(Action(run.run_id, "launch", run.target))
+            else:
+                actions.append(Action(run.run_id, "await", run.target))
+        return actions
+
+    def _command(self, run: Run, gpus: tuple[int, ...], now: float) -> None:
+        command = run.channel.request("rescale", list(gpus))
+        run.pending_seq, run.commanded, run.since = command.seq, gpus, now
+
+    # -- views -----------------------------------------------------------------
+    def gpu_map(self) -> dict[int, str]:
+        return {g: r.run_id for r in self.runs.values() for g in r.held}

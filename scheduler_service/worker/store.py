@@ -1,0 +1,103 @@
+"""The scheduler service's own tables, in the project store (`scheduler_service.store.db`):
+SQLite under `$ELASTICFLOW_HOME` by default, any SQLAlchemy URL via
+`ELASTICFLOW_DATABASE_URL`. The service is the only writer.
+
+- `ef_job`: one row per flow run the service has seen, with its current state;
+- `ef_decision`: every admission decision, with the reason and the earliest
+  feasible deadline of a rejection;
+- `ef_allocation`: every change of a run's GPU set (launch, rescale, park, release).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, select
+
+from scheduler_service.store.db import get_engine
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class JobRecord(SQLModel, table=True):
+    __tablename__ = "ef_job"
+
+    flow_run_id: str = Field(primary_key=True)
+    flow_run_name: str = ""
+    model: str = ""
+    global_batch_size: int = 0
+    iterations: float = 0
+    deadline: datetime | None = None
+    submitted_at: datetime = Field(default_factory=_now)
+    status: str = Field(default="arrived", index=True)  # arrived|admitted|rejected|running|finished
+    share: int | None = None
+    gpus: str = ""  # GPU ids it holds now, "0,1"
+    message: str = ""
+    updated_at: datetime = Field(default_factory=_now)
+
+
+class DecisionRecord(SQLModel, table=True):
+    __tablename__ = "ef_decision"
+
+    id: int | None = Field(default=None, primary_key=True)
+    flow_run_id: str = Field(index=True)
+    at: datetime = Field(default_factory=_now)
+    admitted: bool
+    reason: str | None = None
+    message: str = ""
+    earliest_feasible_deadline: datetime | None = None
+    share: int | None = None
+    decision_ms: float | None = None
+
+
+class AllocationRecord(SQLModel, table=True):
+    __tablename__ = "ef_allocation"
+
+    id: int | None = Field(default=None, primary_key=True)
+    flow_run_id: str = Field(index=True)
+    at: datetime = Field(default_factory=_now)
+    action: str  # launch | rescale | park | release
+    gpus: str = ""
+
+
+class ServiceStore:
+    """Thin writer over the three tables; every call is one short transaction."""
+
+    def __init__(self, engine: Engine | None = None) -> None:
+        self.engine = engine or get_engine()
+        SQLModel.metadata.create_all(self.engine)
+
+    def upsert_job(self, flow_run_id: str, **fields: object) -> None:
+        with Session(self.engine) as session:
+            row = session.get(JobRecord, flow_run_id) or JobRecord(flow_run_id=flow_run_id)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.updated_at = _now()
+            session.add(row)
+            session.commit()
+
+    def add(self, record: SQLModel) -> None:
+        with Session(self.engine) as session:
+            session.add(record)
+            session.commit()
+
+    def jobs(self) -> list[JobRecord]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(JobRecord).order_by(JobRecord.submitted_at)).all())
+
+    def decisions(self, flow_run_id: str | None = None) -> list[DecisionRecord]:
+        with Session(self.engine) as session:
+            query = select(DecisionRecord)
+            if flow_run_id:
+                query = query.where(DecisionRecord.flow_run_id == flow_run_id)
+            return list(session.exec(query.order_by(DecisionRecord.id)).all())
+
+    def allocations(self, flow_run_id: str | None = None) -> list[AllocationRecord]:
+        with Session(self.engine) as session:
+            query = select(AllocationRecord)
+            if flow_run_id:
+                query = query.where(AllocationRecord.flow_run_id == flow_run_id)
+            return list(session.exec(query.order_by(AllocationRecord.id)).all())

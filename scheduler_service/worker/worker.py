@@ -1,0 +1,431 @@
+"""The `elasticflow` Prefect worker: admission, allocation, placement and
+rescaling of `train` flow runs, on top of Prefect's process worker.
+
+Built on prefect==3.9.1 and pinned there: deciding before a run starts
+overrides `BaseWorker.get_and_submit_flow_runs` and uses the private helpers
+`_get_scheduled_flow_runs`, `_submit_scheduled_flow_runs` and
+`_propose_pending_state`.
+
+Per poll (every `ELASTICFLOW_INTERVAL_S` seconds, the policy's slot length):
+new scheduled runs are validated (`TrainParameters`) and turned into policy
+jobs (throughput curve from the store, profiled on first use); once per slot
+the pure `ElasticFlowPolicy` decides; `Scheduler.actuate` turns its placement
+into launches and control-channel commands. This module only translates:
+runs to jobs, decisions to states, labels, events and launches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Optional
+
+import anyio.abc
+from pydantic import Field
+
+from prefect.events import emit_event
+from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
+from prefect.states import Cancelled, Scheduled
+from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker, ProcessWorkerResult
+
+from scheduler_service.policy import Decision, Job, ThroughputCurve
+from scheduler_service.policy.elasticflow import ElasticFlowPolicy
+from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.store.db import elasticflow_home
+from scheduler_service.worker import cluster as cluster_mod
+from scheduler_service.worker.scheduler import Action, PlanResult, Run, Scheduler
+from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.client.schemas.responses import WorkerFlowRunResponse
+
+INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length = poll interval (default 5 s)
+RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5 s to stop (default 2 s)
+PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
+
+AWAITING = "AwaitingGPUs"
+PROFILING = "Profiling"
+REJECTED = "Rejected"
+
+
+def _iso(seconds: float | None) -> str | None:
+    """ISO-8601 of epoch seconds."""
+    return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+
+def _gpus_label(gpus: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, gpus))
+
+
+class ElasticFlowJobConfiguration(ProcessJobConfiguration):
+    """A process job placed by the scheduler: the GPU set, world size and nodes
+    are chosen by the service when it launches the run (values set here are
+    overwritten)."""
+
+    gpus: list[int] = Field(default_factory=list)
+    world_size: int = Field(default=0)
+    nodes: list[str] = Field(default_factory=list)
+
+
+class ElasticFlowVariables(ProcessVariables):
+    gpus: list[int] = Field(
+        default_factory=list, description="GPU ids chosen by the ElasticFlow scheduler (set by the service)."
+    )
+    world_size: int = Field(default=0, description="Number of GPUs chosen by the scheduler (set by the service).")
+    nodes: list[str] = Field(default_factory=list, description="Nodes of the GPU set (set by the service).")
+
+
+class ElasticFlowWorkerResult(ProcessWorkerResult):
+    """Exit status of a training flow run process."""
+
+
+class InvalidRun(ValueError):
+    """A flow run the service cannot schedule; the message says why."""
+
+
+class ElasticFlowWorker(ProcessWorker):
+    type = "elasticflow"
+    job_configuration = ElasticFlowJobConfiguration  # type: ignore[assignment]
+    job_configuration_variables = ElasticFlowVariables  # type: ignore[assignment]
+    _description = (
+        "ElasticFlow: deadline-aware admission, elastic GPU allocation and buddy placement of "
+        "`train` flow runs; runs them as local processes and resizes them in place."
+    )
+    _display_name = "ElasticFlow"
+    _documentation_url = "https://github.com/"  # docs/service.md in the project
+    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/main/docs/images/logos/prefect-logo-mark-solid-white-500.png"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prefetch_seconds", 0)
+        super().__init__(*args, **kwargs)
+        self.interval = float(os.environ.get(INTERVAL_ENV) or 5.0)
+        restart = float(os.environ.get(RESTART_ENV) or 2.0)
+        # Spare GPUs are granted only if the grant pays for its restart and for
+        # the one taken back within a slot: the slot must exceed two restarts.
+        self.overhead = RestartOverhead(stop_s=0.5, restart_s=restart, per_level_s=0.0)
+        self.cluster = cluster_mod.load()
+        self.policy = ElasticFlowPolicy(self.cluster.topology, interval=self.interval, overhead=self.overhead)
+        self.scheduler = Scheduler(self.policy)
+        # The policy's clock: seconds since this service started, on a slot
+        # boundary. (Its slot arithmetic loses its rounding tolerance at epoch
+        # magnitudes: 1.8e9 s in 2 s slots rejects feasible jobs.)
+        self.epoch = time.time() // self.interval * self.interval
+        self.store: ServiceStore | None = None
+        self.home = elasticflow_home()
+        self._seen: set[str] = set()  # flow runs already taken in (or rejected)
+        self._responses: dict[str, WorkerFlowRunResponse] = {}
+        self._state_name: dict[str, str] = {}  # last waiting-state name written per run
+        self._profiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticflow-profile")
+        self._profiles: dict[tuple[str, int, str], Future[dict[int, float]]] = {}
+        self._profiling: dict[str, tuple[FlowRun, Any, float | None, float]] = {}
+        self.decision_seconds: list[float] = []
+
+    # -- lifecycle -------------------------------------------------------------
+    async def start(self, *args: Any, **kwargs: Any) -> None:
+        with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: self.interval}):
+            await super().start(*args, **kwargs)
+
+    async def setup(self) -> None:
+        await super().setup()
+        self.store = ServiceStore()
+        self._logger.info(
+            "ElasticFlow scheduler: %s (%s), slot %.1f s", self.cluster.topology.describe(), self.cluster.source,
+            self.interval,
+        )
+        if self.interval < 2 * self.overhead(1):
+            self._logger.warning(
+                "slot %.1f s is under two restarts (%.1f s): no spare GPUs will be granted early; "
+                "raise %s or lower %s", self.interval, 2 * self.overhead(1), INTERVAL_ENV, RESTART_ENV,
+            )
+
+    async def teardown(self, *exc_info: Any) -> None:
+        self._profiler.shutdown(wait=False, cancel_futures=True)
+        await super().teardown(*exc_info)
+
+    # -- the poll: take in, decide, actuate ------------------------------------
+    async def get_and_submit_flow_runs(self) -> list["FlowRun"]:
+        if not self._has_successfully_synced:
+            return await super().get_and_submit_flow_runs()
+        responses = await self._get_scheduled_flow_runs()
+        self._last_polled_time = datetime.now(timezone.utc)  # type: ignore[assignment]
+        now = self.clock()
+        for entry in responses:
+            run_id = str(entry.flow_run.id)
+            self._responses[run_id] = entry
+            start = entry.flow_run.next_scheduled_start_time or entry.flow_run.expected_start_time
+            if run_id in self._seen or (start is not None and start.timestamp() - self.epoch > now):
+                continue
+            self._seen.add(run_id)
+            await self._take_in(entry.flow_run, now)
+        await self._collect_profiles(now)
+        result = self.scheduler.plan(now)
+        if result is not None:
+            await self._publish(result, now)
+        launches = []
+        for action in self.scheduler.actuate(now):
+            if await self._apply(action, now):
+                launches.append(self._responses[action.run_id])
+        if not launches:
+            return []
+        return await self._submit_scheduled_flow_runs(flow_run_response=launches)
+
+    def clock(self) -> float:
+        """Now, on the policy's clock."""
+        return time.time() - self.epoch
+
+    def _abs(self, seconds: float | None) -> float | None:
+        return None if seconds is None else seconds + self.epoch
+
+    async def _take_in(self, flow_run: FlowRun, now: float) -> None:
+        run_id = str(flow_run.id)
+        try:
+            params, iterations, deadline = await anyio.to_thread.run_sync(self._parse, flow_run, now)
+        except InvalidRun as exc:
+            await self._reject(flow_run, "invalid_parameters", str(exc), None, now)
+            return
+        assert self.store is not None
+        self.store.upsert_job(
+            run_id, flow_run_name=flow_run.name, model=params.model,
+            global_batch_size=params.hyperparameters.global_batch_size, iterations=iterations,
+            deadline=None if deadline is None else datetime.fromtimestamp(deadline + self.epoch, timezone.utc),
+            status="arrived",
+        )
+        key = (params.model, params.hyperparameters.global_batch_size, params.device)
+        curve = await anyio.to_thread.run_sync(self._stored_curve, params)
+        if curve is None:
+            if key not in self._profiles:
+                self._profiles[key] = self._profiler.submit(self._profile, params)
+            self._profiling[run_id] = (flow_run, params, deadline, iterations)
+            await self._wait_state(flow_run.id, PROFILING, now, "profiling the throughput of this model on first use")
+            return
+        self._queue(flow_run, params, deadline, iterations, curve, now)
+
+    def _parse(self, flow_run: FlowRun, now: float) -> tuple[Any, float, float | None]:
+        """Validate a run's parameters like the flow will; the deadline is kept
+        apart so that a past one reaches the policy and gets its reason."""
+        from pydantic import ValidationError
+
+        from flows.training.datasets import load_dataset
+        from flows.training.params import TrainParameters, parse_deadline
+
+        raw = {k: v for k, v in (flow_run.parameters or {}).items() if v is not None}
+        deadline_raw = raw.pop("deadline", None)
+        try:
+            params = TrainParameters.model_validate(raw)
+            deadline = None
+            if deadline_raw not in (None, ""):
+                if raw.get("best_effort"):
+                    raise ValueError("a best-effort job has no deadline; drop one of deadline and best_effort")
+                moment = parse_deadline(deadline_raw, datetime.fromtimestamp(now + self.epoch, timezone.utc))
+                deadline = moment.timestamp() - self.epoch
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'parameters'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            raise InvalidRun(problems) from None
+        except ValueError as exc:
+            raise InvalidRun(f"deadline: {exc}") from None
+        iterations = params.iterations
+        if iterations is None:
+            iterations = params.total_iterations(len(load_dataset(params.dataset)))
+        return params, float(iterations), deadline
+
+    def _usable(self, params: Any, points: dict[int, float]) -> dict[int, float]:
+        """Points the run can use: no more GPUs than samples in a global batch."""
+        limit = min(params.hyperparameters.global_batch_size, self.cluster.topology.max_job_gpus)
+        return {g: s for g, s in points.items() if g <= limit and s > 0}
+
+    def _stored_curve(self, params: Any) -> dict[int, float] | None:
+        from scheduler_service.store import get_curve
+
+        points = get_curve(params.model, params.hyperparameters.global_batch_size)
+        return self._usable(params, points) if points else None
+
+    def _profile(self, params: Any) -> dict[int, float]:
+        from flows.training.profiler import profile_throughput
+        from scheduler_service.store import save_curve
+
+        top = min(self.cluster.topology.max_job_gpus, params.hyperparameters.global_batch_size,
+                  4 if self.cluster.device == "cpu" else self.cluster.topology.max_job_gpus)
+        counts = [1 << k for k in range(top.bit_length())]
+        iterations = int(os.environ.get(PROFILE_ITERATIONS_ENV) or 8)
+        curve = profile_throughput(
+            params.model, params.hyperparameters.global_batch_size, counts, iterations=iterations,
+            warmup=min(3, iterations - 2), device=self.cluster.device, model_kwargs=params.model_kwargs,
+            dataset=params.dataset.model_dump() if params.dataset is not None else None,
+        )
+        save_curve(params.model, params.hyperparameters.global_batch_size, curve, device=self.cluster.device)
+        return curve
+
+    async def _collect_profiles(self, now: float) -> None:
+        for run_id, (flow_run, params, deadline, iterations) in list(self._profiling.items()):
+            future = self._profiles.get((params.model, params.hyperparameters.global_batch_size, params.device))
+            if future is None or not future.done():
+                continue
+            del self._profiling[run_id]
+            try:
+                points = self._usable(params, future.result())
+            except Exception as exc:  # profiling is the user's model running: any error is theirs to see
+                await self._reject(flow_run, "profiling_failed", f"{type(exc).__name__}: {exc}", None, now)
+                continue
+            self._queue(flow_run, params, deadline, iterations, points, now)
+        for key in [k for k, f in self._profiles.items() if f.done()]:
+            if not any((p.model, p.hyperparameters.global_batch_size, p.device) == key
+                       for _, p, _, _ in self._profiling.values()):
+                del self._profiles[key]
+
+    def _queue(self, flow_run: FlowRun, params: Any, deadline: float | None, iterations: float,
+               points: dict[int, float], now: float) -> None:
+        from flows.training.control import FileControlChannel
+
+        try:
+            curve = ThroughputCurve(points)
+        except ValueError:
+            curve = ThroughputCurve({1: 1e-9})  # nothing measurable: the policy says no usable GPU count
+        job = Job(job_id=str(flow_run.id), submit_time=now, iterations=iterations, deadline=deadline, curve=curve,
+                  model=params.model, batch_size=params.hyperparameters.global_batch_size)
+        root = params.control_dir or str(self.home / "control")
+        self.scheduler.arrive(Run(str(flow_run.id), job, FileControlChannel(str(flow_run.id), root)))
+
+    # -- decisions and actions -> Prefect ---------------------------------------
+    async def _publish(self, result: PlanResult, now: float) -> None:
+        if result.decisions:
+            self.decision_seconds.append(result.seconds)
+        for decision in result.decisions:
+            if decision.admitted:
+                await self._admitted(decision, result, now)
+            else:
+                entry = self._responses[decision.job_id]
+                await self._reject(entry.flow_run, decision.reason.value if decision.reason else "rejected",
+                                   decision.message, decision.earliest_feasible_deadline, now, decision, result.seconds)
+
+    async def _admitted(self, decision: Decision, result: PlanResult, now: float) -> None:
+        assert self.store is not None
+        run_id = decision.job_id
+        share = decision.share
+        self.store.add(DecisionRecord(flow_run_id=run_id, admitted=True, message=decision.message, share=share,
+                                      decision_ms=result.seconds * 1000))
+        self.store.upsert_job(run_id, status="admitted", share=share, message=decision.message)
+        await self._labels(run_id, {"elasticflow.mss": share if share is not None else "best-effort",
+                                    "elasticflow.admission": "admitted"})
+        self._event(run_id, "elasticflow.decision", {
+            "admitted": True, "guaranteed": decision.guaranteed, "mss": share, "message": decision.message,
+            "guaranteed_finish": _iso(self._abs(decision.guaranteed_finish)), "decision_ms": round(result.seconds * 1000, 3),
+            "allocation": result.allocation.get(run_id, 0),
+        })
+        self.get_flow_run_logger(self._responses[run_id].flow_run).info("ElasticFlow: %s", decision.message)
+
+    async def _reject(self, flow_run: FlowRun, reason: str, message: str, earliest: float | None, now: float,
+                      decision: Decision | None = None, seconds: float | None = None) -> None:
+        assert self.store is not None
+        run_id = str(flow_run.id)
+        earliest = self._abs(earliest)
+        text = f"{reason}: {message}"
+        if earliest is not None:
+            text += f"; earliest feasible deadline {_iso(earliest)}"
+        state = Cancelled(name=REJECTED, message=text)
+        try:
+            await self.client.set_flow_run_state(flow_run.id, state, force=True)
+        except Exception:
+            self._logger.exception("could not mark flow run %s Rejected", run_id)
+        self.store.upsert_job(run_id, flow_run_name=flow_run.name, status="rejected", message=text)
+        self.store.add(DecisionRecord(
+            flow_run_id=run_id, admitted=False, reason=reason, message=message,
+            earliest_feasible_deadline=None if earliest is None else datetime.fromtimestamp(earliest, timezone.utc),
+            decision_ms=None if seconds is None else seconds * 1000,
+        ))
+        self._event(run_id, "elasticflow.decision", {
+            "admitted": False, "reason": reason, "message": message, "earliest_feasible_deadline": _iso(earliest),
+        })
+        self._logger.info("rejected flow run %s: %s", run_id, text)
+
+    async def _apply(self, action: Action, now: float) -> bool:
+        """Show an action in Prefect; True if the run is to be launched now."""
+        assert self.store is not None
+        run_id = action.run_id
+        if action.kind == "await":
+            entry = self._responses.get(run_id)
+            if entry is not None:
+                why = "waiting for its GPUs to be released" if action.gpus else "waiting for spare GPUs"
+                await self._wait_state(entry.flow_run.id, AWAITING, now, why)
+            return False
+        gpus = _gpus_label(action.gpus)
+        self.store.add(AllocationRecord(flow_run_id=run_id, action=action.kind, gpus=gpus))
+        if action.kind == "released":
+            self.store.upsert_job(run_id, gpus="")
+            return False
+        self.store.upsert_job(run_id, status="running", gpus=gpus)
+        await self._labels(run_id, {"elasticflow.gpus": gpus, "elasticflow.world_size": len(action.gpus)})
+        self._event(run_id, "elasticflow.allocation.changed", {
+            "action": action.kind, "gpus": list(action.gpus), "world_size": len(action.gpus),
+            "nodes": self.cluster.nodes_of(action.gpus),
+        })
+        return action.kind == "launch"
+
+    async def _wait_state(self, flow_run_id: Any, name: str, now: float, why: str) -> None:
+        """Put a run in a named Scheduled state, once per name (each write is a state row)."""
+        run_id = str(flow_run_id)
+        if self._state_name.get(run_id) == name:
+            return
+        self._state_name[run_id] = name
+        scheduled = datetime.fromtimestamp(now + self.epoch, timezone.utc)
+        try:
+            await self.client.set_flow_run_state(
+                flow_run_id, Scheduled(name=name, scheduled_time=scheduled, message=why), force=True
+            )
+        except Exception:
+            self._logger.exception("could not set flow run %s to %s", run_id, name)
+
+    async def _labels(self, run_id: str, labels: dict[str, Any]) -> None:
+        from uuid import UUID
+
+        try:
+            await self.client.update_flow_run_labels(UUID(run_id), {k: str(v) for k, v in labels.items()})
+        except Exception:
+            self._logger.warning("could not label flow run %s", run_id, exc_info=True)
+
+    @staticmethod
+    def _event(run_id: str, event: str, payload: dict[str, Any]) -> None:
+        emit_event(event=event, resource={"prefect.resource.id": f"prefect.flow-run.{run_id}"}, payload=payload)
+
+    # -- launching and finishing -----------------------------------------------
+    async def _propose_pending_state(self, flow_run: FlowRun) -> bool:
+        ok = await super()._propose_pending_state(flow_run)
+        if not ok:  # cancelled meanwhile: its GPUs were never used
+            self._finished(str(flow_run.id))
+        return ok
+
+    async def run(
+        self,
+        flow_run: FlowRun,
+        configuration: ProcessJobConfiguration,
+        task_status: Optional[anyio.abc.TaskStatus[int]] = None,
+    ) -> ProcessWorkerResult:
+        run_id = str(flow_run.id)
+        placed = self.scheduler.runs.get(run_id)
+        if placed is not None and isinstance(configuration, ElasticFlowJobConfiguration):
+            gpus = list(placed.commanded)
+            configuration.gpus, configuration.world_size = gpus, len(gpus)
+            configuration.nodes = self.cluster.nodes_of(gpus)
+            configuration.env.update({
+                "ELASTICFLOW_HOME": str(self.home),
+                "ELASTICFLOW_GPUS": _gpus_label(gpus),
+                "ELASTICFLOW_WORLD_SIZE": str(len(gpus)),
+                "ELASTICFLOW_NODES": ",".join(configuration.nodes),
+            })
+        try:
+            result = await super().run(flow_run, configuration, task_status)
+        finally:
+            self._finished(run_id)
+        return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
+
+    def _finished(self, run_id: str) -> None:
+        if run_id in self.scheduler.runs and self.scheduler.runs[run_id].phase != "finished":
+            self.scheduler.finish(run_id)
+            if self.store is not None:
+                self.store.upsert_job(run_id, status="finished", gpus="")
+                self.store.add(AllocationRecord(flow_run_id=run_id, action="release", gpus=""))

@@ -1,0 +1,88 @@
+"""The service's GPU bookkeeping, without Prefect: the policy's placement turns
+into launches and control-channel commands, and a GPU changes holder only after
+its old holder acknowledged giving it up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.training.control import ControlAck, FileControlChannel
+from scheduler_service.policy import Job, ThroughputCurve, Topology
+from scheduler_service.policy.elasticflow import ElasticFlowPolicy
+from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.worker.scheduler import Run, Scheduler
+
+T0 = 1000.0  # the policy takes seconds since the service started, not epoch seconds
+CURVE = ThroughputCurve({1: 20.0, 2: 36.0})
+
+
+def _scheduler() -> Scheduler:
+    policy = ElasticFlowPolicy(Topology(1, 1, 2), interval=2.0, overhead=RestartOverhead(0.5, 0.5, 0.0))
+    return Scheduler(policy)
+
+
+def _run(tmp: Path, run_id: str, now: float, iterations: float, deadline: float | None) -> Run:
+    return Run(run_id, Job(run_id, now, iterations, deadline, CURVE), FileControlChannel(run_id, tmp))
+
+
+def _ack(run: Run, iteration: int = 0) -> None:
+    command = run.channel.latest()
+    assert command is not None
+    run.channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=command.gpus or []))
+
+
+def test_admitted_run_launches_on_its_placement_and_gets_the_command(tmp_path: Path) -> None:
+    sched = _scheduler()
+    sched.arrive(_run(tmp_path, "a", T0, 4000, T0 + 600))
+    result = sched.plan(T0)
+    assert result is not None and result.decisions[0].admitted
+    assert sched.plan(T0 + 0.5) is None  # at most once per slot
+    (action,) = sched.actuate(T0)
+    assert action.kind == "launch" and action.gpus == (0, 1)
+    command = sched.runs["a"].channel.latest()
+    assert command is not None and command.action == "rescale" and command.gpus == [0, 1]
+
+
+def test_gpus_change_hands_only_after_the_old_holder_acknowledged(tmp_path: Path) -> None:
+    sched = _scheduler()
+    a = _run(tmp_path, "a", T0, 4000, T0 + 600)
+    sched.arrive(a)
+    sched.plan(T0)
+    sched.actuate(T0)
+    _ack(a)
+    # b needs one GPU within a slot or two to make its deadline: a shrinks to one.
+    b = _run(tmp_path, "b", T0 + 2, 20 * 36, T0 + 2 + 40)
+    sched.arrive(b)
+    result = sched.plan(T0 + 2)
+    assert result is not None and result.decisions[0].admitted and result.decisions[0].share == 1
+    now, actions = T0 + 2, {}
+    while "a" not in actions and now < T0 + 12:
+        actions = {x.run_id: x for x in sched.actuate(now)}
+        now += 2
+        sched.plan(now)
+    assert actions["a"].kind == "rescale" and len(actions["a"].gpus) == 1
+    assert actions["b"].kind == "await"  # a still holds both GPUs until it acknowledges
+    assert {x.run_id: x.kind for x in sched.actuate(now)}["b"] == "await"
+    _ack(a, iteration=100)
+    actions = {x.run_id: x for x in sched.actuate(now)}
+    assert actions["b"].kind == "launch"
+    assert set(actions["b"].gpus).isdisjoint(sched.runs["a"].held)
+    assert sched.gpu_map() == {0: "a", 1: "b"} or sched.gpu_map() == {0: "b", 1: "a"}
+    sched.finish("b")
+    sched.plan(now + 2)  # completion: a grows back
+    assert sched.runs["a"].target == (0, 1)
+    (action,) = sched.actuate(now + 2)
+    assert action.kind == "rescale" and action.gpus == (0, 1)
+
+
+def test_best_effort_run_waits_while_no_gpu_is_spare(tmp_path: Path) -> None:
+    sched = _scheduler()
+    sched.arrive(_run(tmp_path, "a", T0, 3000, T0 + 100))  # needs both GPUs from now on
+    sched.arrive(_run(tmp_path, "be", T0, 100, None))
+    result = sched.plan(T0)
+    assert result is not None and all(d.admitted for d in result.decisions)
+    kinds = {x.run_id: x.kind for x in sched.actuate(T0)}
+    assert kinds == {"a": "launch", "be": "await"}
+    sched.finish("a")
+    sched.plan(T0 + 2)
+    assert [x.kind for x in sched.actuate(T0 + 2)] == ["launch"]

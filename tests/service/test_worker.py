@@ -1,0 +1,97 @@
+"""The `elasticflow` work pool end to end: a real Prefect server, the worker
+started with `prefect worker start`, `train` flow runs of a tiny MLP."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from tests.service.conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+
+def _ack_gpus(stack: Stack, run_id: str) -> list[int] | None:
+    path = stack.home / "control" / run_id / "ack.json"
+    return json.loads(path.read_text())["gpus"] if path.exists() else None
+
+
+def _allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
+    from sqlmodel import Session, select
+
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import AllocationRecord
+
+    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+        rows = session.exec(select(AllocationRecord).where(AllocationRecord.flow_run_id == run_id)
+                            .order_by(AllocationRecord.id)).all()
+    return [(r.action, r.gpus) for r in rows]
+
+
+def test_second_arrival_shrinks_the_first_run_which_still_completes(stack: Stack) -> None:
+    first = stack.submit(iterations=4000, deadline="+10m", checkpoint_interval=500)
+    channel = stack.home / "control" / first / "status.json"
+
+    def training() -> bool:
+        return channel.exists() and json.loads(channel.read_text()).get("iteration", 0) > 0
+
+    stack.wait_until(training, 90, "the first run to train")
+    assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots
+    # 34 s of work at the profiled rate, due in 40 s: it needs a slot now.
+    second = stack.submit(iterations=20 * 34, deadline="+40s", checkpoint_interval=500)
+    shrunk = stack.wait_until(lambda: _ack_gpus(stack, first) in ([0], [1]), 60, "the first run to shrink")
+    second_run = stack.wait_final(second, 90)
+    assert second_run.state.is_completed(), second_run.state
+    (second_launch,) = [g for a, g in _allocations(stack, second) if a == "launch"]
+    assert [int(second_launch)] != shrunk  # never on the GPU the first one kept
+    first_run = stack.wait_final(first, 120)
+    assert first_run.state.is_completed(), first_run.state
+    actions = [a for a, _ in _allocations(stack, first)]
+    assert actions[0] == "launch" and "rescale" in actions
+    # one flow run throughout: the rescale happened inside it
+    assert json.loads(channel.read_text())["iteration"] == 4000
+
+
+@pytest.mark.parametrize(
+    ("parameters", "reason"),
+    [
+        (dict(iterations=10**7, deadline="+60s"), "infeasible_even_on_an_idle_cluster"),
+        (dict(iterations=40, deadline="2020-01-01T00:00:00Z"), "deadline_passed"),
+    ],
+    ids=["infeasible", "past"],
+)
+def test_deadlines_that_cannot_be_met_are_rejected_with_the_reason(
+    stack: Stack, parameters: dict, reason: str
+) -> None:
+    run_id = stack.submit(**parameters)
+    run = stack.wait_final(run_id, 60)
+    assert run.state.type.value == "CANCELLED" and run.state.name == "Rejected"
+    assert run.state.message.startswith(f"{reason}: ")
+    if reason == "infeasible_even_on_an_idle_cluster":
+        earliest = datetime.fromisoformat(run.state.message.split("earliest feasible deadline ")[1])
+        # 1e7 iterations at 36 it/s: about 77 hours from now
+        assert 70 * 3600 < (earliest - datetime.now(timezone.utc)).total_seconds() < 90 * 3600
+    events = stack.events(run_id, "elasticflow.decision")
+    assert events and events[0]["payload"]["reason"] == reason
+
+
+def test_feasible_run_completes_on_its_gpus_and_a_malformed_one_is_rejected_alone(stack: Stack) -> None:
+    good = stack.submit(iterations=40, deadline="+10m", checkpoint_interval=20)
+    bad = stack.submit(iterations=0, deadline="+10m")
+
+    rejected = stack.wait_final(bad, 60)
+    assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
+    assert rejected.state.message.startswith("invalid_parameters: iterations:")
+
+    done = stack.wait_final(good, 120)
+    assert done.state.is_completed(), done.state
+    labels = done.labels
+    assert labels["elasticflow.mss"] == "1"
+    launch = next(gpus for action, gpus in _allocations(stack, good) if action == "launch")
+    assert _ack_gpus(stack, good) == [int(g) for g in launch.split(",")]  # the flow trained where it was placed
+    assert labels["elasticflow.world_size"] == str(len(launch.split(",")))
+    (decision,) = [e for e in stack.events(good, "elasticflow.decision")]
+    assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1

@@ -18,6 +18,7 @@ def _register() -> None:
     # Imported for their side effect: each module adds its commands to `app`.
     from scheduler_service.cli import evaluate, simulate  # noqa: F401
     from scheduler_service.cli import profile  # noqa: F401
+    from scheduler_service.cli import service  # noqa: F401
 
 
 def main() -> None:

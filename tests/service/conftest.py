@@ -124,15 +124,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             api_url = PREFECT_API_URL.value()
             save_curve("mlp", 32, MLP_CURVE)
             asyncio.run(ensure_pool(POOL))
-            deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
             log = base / "worker.log"
-            worker = subprocess.Popen(
+            worker = subprocess.Popen(  # boots (imports) while we deploy
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
                 env={**os.environ, "PREFECT_API_URL": api_url, "PREFECT_LOGGING_LEVEL": "INFO"},
                 stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             )
             stack = Stack(api_url, base / "home", worker, log)
             try:
+                deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
                 stack.wait_until(lambda: "started!" in log.read_text(errors="replace"), 60, "the worker to start")
                 yield stack
             finally:

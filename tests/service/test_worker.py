@@ -4,7 +4,6 @@ started with `prefect worker start`, `train` flow runs of a tiny MLP."""
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timezone
 
 import pytest
@@ -31,28 +30,40 @@ def _allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
     return [(r.action, r.gpus) for r in rows]
 
 
-def test_second_arrival_shrinks_the_first_run_which_still_completes(stack: Stack) -> None:
-    first = stack.submit(iterations=4000, deadline="+10m", checkpoint_interval=500)
-    channel = stack.home / "control" / first / "status.json"
+def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first(stack: Stack) -> None:
+    """One flow run alone gets both slots; a malformed arrival is rejected without
+    touching it; a deadline run that must start now takes one of its slots (the
+    first shrinks in place, inside the same flow run) and both complete."""
+    first = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=500)
+    status = stack.home / "control" / first / "status.json"
 
-    def training() -> bool:
-        return channel.exists() and json.loads(channel.read_text()).get("iteration", 0) > 0
+    def iteration() -> int:
+        return json.loads(status.read_text()).get("iteration", 0) if status.exists() else 0
 
-    stack.wait_until(training, 90, "the first run to train")
-    assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots
+    stack.wait_until(iteration, 90, "the first run to train")
+    assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots, where it was placed
+    assert _allocations(stack, first)[0] == ("launch", "0,1")
+    run = stack.flow_run(first)
+    assert run.labels["elasticflow.mss"] == "1" and run.labels["elasticflow.world_size"] == "2"
+    (decision,) = stack.events(first, "elasticflow.decision")
+    assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1
+
+    malformed = stack.submit(iterations=0, deadline="+10m")
     # 34 s of work at the profiled rate, due in 40 s: it needs a slot now.
     second = stack.submit(iterations=20 * 34, deadline="+40s", checkpoint_interval=500)
+    rejected = stack.wait_final(malformed, 60)
+    assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
+    assert rejected.state.message.startswith("invalid_parameters: iterations:")
+
     shrunk = stack.wait_until(lambda: _ack_gpus(stack, first) in ([0], [1]), 60, "the first run to shrink")
-    second_run = stack.wait_final(second, 90)
+    second_run = stack.wait_final(second, 120)
     assert second_run.state.is_completed(), second_run.state
-    (second_launch,) = [g for a, g in _allocations(stack, second) if a == "launch"]
-    assert [int(second_launch)] != shrunk  # never on the GPU the first one kept
+    second_launch = next(gpus for action, gpus in _allocations(stack, second) if action == "launch")
+    assert [int(second_launch)] != shrunk  # never on the slot the first one kept
     first_run = stack.wait_final(first, 120)
     assert first_run.state.is_completed(), first_run.state
-    actions = [a for a, _ in _allocations(stack, first)]
-    assert actions[0] == "launch" and "rescale" in actions
-    # one flow run throughout: the rescale happened inside it
-    assert json.loads(channel.read_text())["iteration"] == 4000
+    assert "rescale" in [action for action, _ in _allocations(stack, first)]
+    assert iteration() == 2500  # one flow run throughout: the resize happened inside it
 
 
 @pytest.mark.parametrize(
@@ -76,22 +87,3 @@ def test_deadlines_that_cannot_be_met_are_rejected_with_the_reason(
         assert 70 * 3600 < (earliest - datetime.now(timezone.utc)).total_seconds() < 90 * 3600
     events = stack.events(run_id, "elasticflow.decision")
     assert events and events[0]["payload"]["reason"] == reason
-
-
-def test_feasible_run_completes_on_its_gpus_and_a_malformed_one_is_rejected_alone(stack: Stack) -> None:
-    good = stack.submit(iterations=40, deadline="+10m", checkpoint_interval=20)
-    bad = stack.submit(iterations=0, deadline="+10m")
-
-    rejected = stack.wait_final(bad, 60)
-    assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
-    assert rejected.state.message.startswith("invalid_parameters: iterations:")
-
-    done = stack.wait_final(good, 120)
-    assert done.state.is_completed(), done.state
-    labels = done.labels
-    assert labels["elasticflow.mss"] == "1"
-    launch = next(gpus for action, gpus in _allocations(stack, good) if action == "launch")
-    assert _ack_gpus(stack, good) == [int(g) for g in launch.split(",")]  # the flow trained where it was placed
-    assert labels["elasticflow.world_size"] == str(len(launch.split(",")))
-    (decision,) = [e for e in stack.events(good, "elasticflow.decision")]
-    assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1

@@ -161,6 +161,7 @@ class ElasticFlowWorker(ProcessWorker):
                 continue
             self._seen.add(run_id)
             await self._take_in(entry.flow_run, now)
+        await self._forget_vanished({str(entry.flow_run.id) for entry in responses})
         await self._collect_profiles(now)
         result = self.scheduler.plan(now)
         if result is not None:
@@ -172,6 +173,22 @@ class ElasticFlowWorker(ProcessWorker):
         if not launches:
             return []
         return await self._submit_scheduled_flow_runs(flow_run_response=launches)
+
+    async def _forget_vanished(self, scheduled: set[str]) -> None:
+        """Admitted runs waiting for GPUs that left the Scheduled state without us
+        (cancelled or deleted in the UI) give back their reservation."""
+        from uuid import UUID
+
+        from prefect.exceptions import ObjectNotFound
+
+        for run_id in [r for r, run in self.scheduler.runs.items() if run.phase == "waiting" and r not in scheduled]:
+            try:
+                flow_run = await self.client.read_flow_run(UUID(run_id))
+            except ObjectNotFound:
+                flow_run = None
+            if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
+                self._logger.info("flow run %s left the queue before it got GPUs; forgetting it", run_id)
+                self._finished(run_id)
 
     def clock(self) -> float:
         """Now, on the policy's clock."""

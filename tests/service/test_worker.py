@@ -87,3 +87,25 @@ def test_deadlines_that_cannot_be_met_are_rejected_with_the_reason(
         assert 70 * 3600 < (earliest - datetime.now(timezone.utc)).total_seconds() < 90 * 3600
     events = stack.events(run_id, "elasticflow.decision")
     assert events and events[0]["payload"]["reason"] == reason
+
+
+def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_place_back(stack: Stack) -> None:
+    # 32 s of work at two slots' profiled rate, due in 40 s: both slots from now on.
+    urgent = stack.submit(iterations=36 * 32, deadline="+40s", checkpoint_interval=500)
+    patient = stack.submit(iterations=50, checkpoint_interval=500)
+    dropped = stack.submit(iterations=50, checkpoint_interval=500)
+    for run_id in (patient, dropped):
+        stack.wait_until(lambda r=run_id: stack.flow_run(r).state.name == "AwaitingGPUs", 60,
+                         f"{run_id} to wait for GPUs")
+    assert stack.flow_run(patient).labels["elasticflow.mss"] == "best-effort"
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(dropped, Cancelled(message="changed my mind"), force=True)  # type: ignore[arg-type]
+    assert stack.wait_final(urgent, 120).state.is_completed()
+    assert stack.wait_final(patient, 120).state.is_completed()
+    assert _allocations(stack, urgent)[0] == ("launch", "0,1")
+    assert _allocations(stack, dropped)[-1] == ("release", "")  # forgotten, never launched
+    assert all(action != "launch" for action, _ in _allocations(stack, dropped))

@@ -123,6 +123,9 @@ class ElasticFlowWorker(ProcessWorker):
         self._profiles: dict[tuple[str, int, str], Future[dict[int, float]]] = {}
         self._profiling: dict[str, tuple[FlowRun, Any, float | None, float]] = {}
         self.decision_seconds: list[float] = []
+        self._projected: dict[str, float] = {}  # policy's projected finish per run (policy clock)
+        self._history: dict[str, list[dict[str, str]]] = {}  # allocation history per run, for its artifact
+        self._artifacts: dict[str, Any] = {}  # run id -> artifact id
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
@@ -188,7 +191,7 @@ class ElasticFlowWorker(ProcessWorker):
                 flow_run = None
             if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
                 self._logger.info("flow run %s left the queue before it got GPUs; forgetting it", run_id)
-                self._finished(run_id)
+                await self._finished(run_id)
 
     def clock(self) -> float:
         """Now, on the policy's clock."""
@@ -312,6 +315,7 @@ class ElasticFlowWorker(ProcessWorker):
     async def _publish(self, result: PlanResult, now: float) -> None:
         if result.decisions:
             self.decision_seconds.append(result.seconds)
+        self._projected.update(result.projected_finish)
         for decision in result.decisions:
             if decision.admitted:
                 await self._admitted(decision, result, now)
@@ -335,6 +339,7 @@ class ElasticFlowWorker(ProcessWorker):
             "allocation": result.allocation.get(run_id, 0),
         })
         self.get_flow_run_logger(self._responses[run_id].flow_run).info("ElasticFlow: %s", decision.message)
+        await self._record(run_id, "admitted", (), share=share, guaranteed_finish=decision.guaranteed_finish)
 
     async def _reject(self, flow_run: FlowRun, reason: str, message: str, earliest: float | None, now: float,
                       decision: Decision | None = None, seconds: float | None = None) -> None:
@@ -372,6 +377,7 @@ class ElasticFlowWorker(ProcessWorker):
             return False
         gpus = _gpus_label(action.gpus)
         self.store.add(AllocationRecord(flow_run_id=run_id, action=action.kind, gpus=gpus))
+        await self._record(run_id, action.kind, action.gpus)
         if action.kind == "released":
             self.store.upsert_job(run_id, gpus="")
             return False
@@ -382,6 +388,47 @@ class ElasticFlowWorker(ProcessWorker):
             "nodes": self.cluster.nodes_of(action.gpus),
         })
         return action.kind == "launch"
+
+    async def _record(self, run_id: str, action: str, gpus: tuple[int, ...] | list[int], share: int | None = None,
+                      guaranteed_finish: float | None = None) -> None:
+        """Append to the run's allocation history and show it as the run's artifact:
+        when, what, GPUs, iteration reached, projected finish against the deadline."""
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+
+        run = self.scheduler.runs.get(run_id)
+        status = (run.channel.status() if run is not None else None) or {}
+        projected = self._abs(self._projected.get(run_id)) if action != "release" else None
+        self._history.setdefault(run_id, []).append({
+            "at": datetime.now(timezone.utc).strftime("%H:%M:%S"), "action": action,
+            "gpus": _gpus_label(gpus) or "-", "iteration": str(status.get("iteration", 0)),
+            "projected finish": (_iso(projected) or "-")[:19].replace("T", " "),
+        })
+        lines = []
+        if run is not None:
+            job = run.job
+            deadline = _iso(self._abs(job.deadline)) if job.deadline is not None else "none (best-effort)"
+            lines.append(f"**{job.model}**, {job.iterations:.0f} iterations, deadline {deadline}, "
+                         f"minimum satisfactory share {run.share if run.share is not None else share}")
+        if guaranteed_finish is not None:
+            lines.append(f"guaranteed finish: {_iso(self._abs(guaranteed_finish))}")
+        rows = self._history[run_id]
+        header = list(rows[0])
+        lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row[h] for h in header) + " |" for row in rows]
+        markdown = "\n".join(lines)
+        from uuid import UUID
+
+        try:
+            if run_id in self._artifacts:
+                await self.client.update_artifact(self._artifacts[run_id], ArtifactUpdate(data=markdown))
+            else:
+                artifact = await self.client.create_artifact(ArtifactCreate(
+                    type="markdown", data=markdown, flow_run_id=UUID(run_id),
+                    description="ElasticFlow allocation history",
+                ))
+                self._artifacts[run_id] = artifact.id
+        except Exception:
+            self._logger.warning("could not update the allocation artifact of %s", run_id, exc_info=True)
 
     async def _wait_state(self, flow_run_id: Any, name: str, now: float, why: str) -> None:
         """Put a run in a named Scheduled state, once per name (each write is a state row)."""
@@ -413,7 +460,7 @@ class ElasticFlowWorker(ProcessWorker):
     async def _propose_pending_state(self, flow_run: FlowRun) -> bool:
         ok = await super()._propose_pending_state(flow_run)
         if not ok:  # cancelled meanwhile: its GPUs were never used
-            self._finished(str(flow_run.id))
+            await self._finished(str(flow_run.id))
         return ok
 
     async def run(
@@ -437,12 +484,15 @@ class ElasticFlowWorker(ProcessWorker):
         try:
             result = await super().run(flow_run, configuration, task_status)
         finally:
-            self._finished(run_id)
+            await self._finished(run_id)
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
 
-    def _finished(self, run_id: str) -> None:
+    async def _finished(self, run_id: str) -> None:
         if run_id in self.scheduler.runs and self.scheduler.runs[run_id].phase != "finished":
+            await self._record(run_id, "release", ())
             self.scheduler.finish(run_id)
             if self.store is not None:
                 self.store.upsert_job(run_id, status="finished", gpus="")
                 self.store.add(AllocationRecord(flow_run_id=run_id, action="release", gpus=""))
+        for table in (self._history, self._artifacts, self._projected):
+            table.pop(run_id, None)

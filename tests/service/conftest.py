@@ -75,6 +75,20 @@ class Stack:
 
         return self.wait_until(fetch, timeout_s, f"{prefix} events of {run_id}")
 
+    def allocation_artifact(self, run_id: str) -> str:
+        """The markdown of the worker's allocation-history artifact of a run."""
+        from uuid import UUID
+
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        with get_client(sync_client=True) as client:
+            artifacts = client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]))
+            )
+        (artifact,) = [a for a in artifacts if a.description == "ElasticFlow allocation history"]
+        return str(artifact.data)
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.worker_log.read_text(errors="replace").splitlines()[-lines:])
 

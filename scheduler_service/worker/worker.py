@@ -207,6 +207,9 @@ class ElasticFlowWorker(ProcessWorker):
         except InvalidRun as exc:
             await self._reject(flow_run, "invalid_parameters", str(exc), None, now)
             return
+        except Exception as exc:  # e.g. a dataset that cannot be read to count its epochs
+            await self._reject(flow_run, "invalid_parameters", f"{type(exc).__name__}: {exc}", None, now)
+            return
         assert self.store is not None
         self.store.upsert_job(
             run_id, flow_run_name=flow_run.name, model=params.model,

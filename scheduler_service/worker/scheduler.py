@@ -19,7 +19,7 @@ Two facts drive it:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from flows.training.control import FileControlChannel
@@ -73,6 +73,13 @@ class Scheduler:
     def arrive(self, run: Run) -> None:
         self.arrivals.append(run)
 
+    def adopt(self, run: Run) -> None:
+        """A run found running after a restart of the service: it is re-planned
+        with its real status; if the policy no longer guarantees it, it carries
+        on as best-effort (it is never rejected: it holds GPUs and has progress)."""
+        run.phase = "running"
+        self.arrivals.append(run)
+
     def finish(self, run_id: str) -> None:
         """The run's flow process exited: every GPU it had is free."""
         run = self.runs.get(run_id)
@@ -87,7 +94,8 @@ class Scheduler:
 
     def status(self, now: float) -> dict[str, JobStatus]:
         out = {}
-        for run_id, run in self.runs.items():
+        for run in [*self.runs.values(), *self.arrivals]:
+            run_id = run.run_id
             if run.phase == "finished":
                 continue
             done = 0
@@ -113,16 +121,21 @@ class Scheduler:
         )
         seconds = time.perf_counter() - started
         admitted = {d.job_id: d for d in reply.decisions if d.admitted}
+        adopted = {run.run_id for run in arrivals if run.phase == "running"}
         for run in arrivals:
             if run.run_id in admitted:
                 run.share = admitted[run.run_id].share
                 self.runs[run.run_id] = run
+            elif run.run_id in adopted:  # next slot, as best-effort
+                run.job = replace(run.job, deadline=None)
+                self.arrivals.append(run)
         for run_id in finished:
             self.runs.pop(run_id, None)
         for run_id, run in self.runs.items():
             gpus = reply.allocation.get(run_id, 0)
             run.target = reply.placement.gpus(run_id) if gpus else ()
-        return PlanResult(reply.decisions, reply.allocation, reply.projected_finish, seconds)
+        decisions = [d for d in reply.decisions if d.admitted or d.job_id not in adopted]
+        return PlanResult(decisions, reply.allocation, reply.projected_finish, seconds)
 
     # -- placement -> physical GPUs, every poll --------------------------------
     def actuate(self, now: float) -> list[Action]:

@@ -69,9 +69,16 @@ class ElasticFlowJobConfiguration(ProcessJobConfiguration):
     gpus: list[int] = Field(default_factory=list)
     world_size: int = Field(default=0)
     nodes: list[str] = Field(default_factory=list)
+    # Flow runs must outlive a crashed worker (it adopts them when restarted):
+    # output piped through the worker would break with it. Logs reach the API anyway.
+    stream_output: bool = Field(default=False)
 
 
 class ElasticFlowVariables(ProcessVariables):
+    stream_output: bool = Field(
+        default=False,
+        description="Copy flow run output to the worker's output. Off: a run then survives a worker crash.",
+    )
     gpus: list[int] = Field(
         default_factory=list, description="GPU ids chosen by the ElasticFlow scheduler (set by the service)."
     )
@@ -126,6 +133,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._projected: dict[str, float] = {}  # policy's projected finish per run (policy clock)
         self._history: dict[str, list[dict[str, str]]] = {}  # allocation history per run, for its artifact
         self._artifacts: dict[str, Any] = {}  # run id -> artifact id
+        self._adopted: set[str] = set()  # running runs found after a restart (not our children)
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
@@ -139,6 +147,7 @@ class ElasticFlowWorker(ProcessWorker):
             "ElasticFlow scheduler: %s (%s), slot %.1f s", self.cluster.topology.describe(), self.cluster.source,
             self.interval,
         )
+        await self._recover()
         if self.interval < 2 * self.overhead(1):
             self._logger.warning(
                 "slot %.1f s is under two restarts (%.1f s): no spare GPUs will be granted early; "
@@ -165,6 +174,7 @@ class ElasticFlowWorker(ProcessWorker):
             self._seen.add(run_id)
             await self._take_in(entry.flow_run, now)
         await self._forget_vanished({str(entry.flow_run.id) for entry in responses})
+        await self._watch_adopted()
         await self._collect_profiles(now)
         result = self.scheduler.plan(now)
         if result is not None:
@@ -176,6 +186,76 @@ class ElasticFlowWorker(ProcessWorker):
         if not launches:
             return []
         return await self._submit_scheduled_flow_runs(flow_run_response=launches)
+
+    async def _recover(self) -> None:
+        """After a restart: runs the store says were admitted and Prefect says are
+        still running (their flow processes outlive the worker) are adopted with
+        the GPUs they hold (last command and acknowledgement of their control
+        channel), so no GPU is handed out twice. Runs still waiting are taken in
+        again as new arrivals; finished ones are closed in the store."""
+        from uuid import UUID
+
+        from flows.training.control import FileControlChannel
+        from prefect.exceptions import ObjectNotFound
+        from scheduler_service.store import get_curve
+
+        assert self.store is not None
+        now = self.clock()
+        for row in self.store.jobs():
+            if row.status not in ("admitted", "running"):
+                continue
+            try:
+                flow_run = await self.client.read_flow_run(UUID(row.flow_run_id))
+            except ObjectNotFound:
+                flow_run = None
+            state = flow_run.state if flow_run is not None else None
+            if flow_run is None or state is None or state.is_final():
+                self.store.upsert_job(row.flow_run_id, status="finished", gpus="")
+                continue
+            if not (state.is_running() or state.is_pending()):
+                self.store.upsert_job(row.flow_run_id, status="arrived")
+                continue  # still Scheduled: taken in again by the next poll
+            channel = FileControlChannel(
+                row.flow_run_id, (flow_run.parameters or {}).get("control_dir") or str(self.home / "control")
+            )
+            ack, command = channel.acknowledged(), channel.latest()
+            commanded = tuple(command.gpus or []) if command else ()
+            held = tuple(sorted(set(ack.gpus if ack else ()) | set(commanded)))
+            pending = command.seq if command and (ack is None or ack.seq < command.seq) else None
+            points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
+            limit = min(row.global_batch_size, self.cluster.topology.max_job_gpus)
+            curve = ThroughputCurve({g: v for g, v in points.items() if g <= limit} or {1: 1e-9})
+
+            def rel(moment: datetime) -> float:
+                return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp() - self.epoch
+
+            job = Job(job_id=row.flow_run_id, submit_time=rel(row.submitted_at), iterations=row.iterations,
+                      deadline=None if row.deadline is None else rel(row.deadline), curve=curve,
+                      model=row.model, batch_size=row.global_batch_size)
+            run = Run(row.flow_run_id, job, channel, held=held, commanded=commanded, pending_seq=pending,
+                      since=now - 3600.0, share=row.share)
+            self.scheduler.adopt(run)
+            self._seen.add(row.flow_run_id)
+            self._adopted.add(row.flow_run_id)
+            self._logger.info("adopted running flow run %s on GPUs %s", row.flow_run_id, _gpus_label(held))
+
+    async def _watch_adopted(self) -> None:
+        """Adopted runs are not our child processes: their end is read from Prefect."""
+        from uuid import UUID
+
+        from prefect.exceptions import ObjectNotFound
+
+        for run_id in list(self._adopted):
+            if run_id not in self.scheduler.runs:
+                continue  # not planned yet
+            try:
+                flow_run = await self.client.read_flow_run(UUID(run_id))
+                done = flow_run.state is None or flow_run.state.is_final()
+            except ObjectNotFound:
+                done = True
+            if done:
+                self._adopted.discard(run_id)
+                await self._finished(run_id)
 
     async def _forget_vanished(self, scheduled: set[str]) -> None:
         """Admitted runs waiting for GPUs that left the Scheduled state without us
@@ -341,7 +421,9 @@ class ElasticFlowWorker(ProcessWorker):
             "guaranteed_finish": _iso(self._abs(decision.guaranteed_finish)), "decision_ms": round(result.seconds * 1000, 3),
             "allocation": result.allocation.get(run_id, 0),
         })
-        self.get_flow_run_logger(self._responses[run_id].flow_run).info("ElasticFlow: %s", decision.message)
+        entry = self._responses.get(run_id)  # none for a run adopted after a restart
+        logger = self.get_flow_run_logger(entry.flow_run) if entry is not None else self._logger
+        logger.info("ElasticFlow: %s", decision.message)
         await self._record(run_id, "admitted", (), share=share, guaranteed_finish=decision.guaranteed_finish)
 
     async def _reject(self, flow_run: FlowRun, reason: str, message: str, earliest: float | None, now: float,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,24 @@ class Stack:
     home: Path
     worker: subprocess.Popen[bytes]
     worker_log: Path
+    killed_groups: list[int] = field(default_factory=list)  # of killed workers: their flow runs may live on
+
+    def start_worker(self, log: Path) -> None:
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
+            env={**os.environ, "PREFECT_API_URL": self.api_url, "PREFECT_LOGGING_LEVEL": "INFO"},
+            stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        )
+        self.worker_log = log
+
+    def wait_worker_started(self) -> None:
+        self.wait_until(lambda: "started!" in self.worker_log.read_text(errors="replace"), 60, "the worker to start")
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker process alone, as a crash would; its flow runs go on."""
+        self.killed_groups.append(self.worker.pid)
+        self.worker.kill()
+        self.worker.wait(timeout=10)
 
     def submit(self, **parameters: Any) -> str:
         from prefect.deployments import run_deployment
@@ -112,6 +130,21 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
+def _kill_processes_of(home: Path) -> None:
+    """SIGKILL every process started for this stack that is still alive: flow
+    processes run in their own sessions (Prefect isolates them), so a failed
+    test can leave them behind; they all carry ELASTICFLOW_HOME=<home>."""
+    marker = f"ELASTICFLOW_HOME={home}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("service")
@@ -138,16 +171,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             api_url = PREFECT_API_URL.value()
             save_curve("mlp", 32, MLP_CURVE)
             asyncio.run(ensure_pool(POOL))
-            log = base / "worker.log"
-            worker = subprocess.Popen(  # boots (imports) while we deploy
-                [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
-                env={**os.environ, "PREFECT_API_URL": api_url, "PREFECT_LOGGING_LEVEL": "INFO"},
-                stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-            )
-            stack = Stack(api_url, base / "home", worker, log)
+            stack = Stack(api_url, base / "home", None, base / "worker.log")  # type: ignore[arg-type]
+            stack.start_worker(base / "worker.log")  # boots (imports) while we deploy
             try:
                 deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
-                stack.wait_until(lambda: "started!" in log.read_text(errors="replace"), 60, "the worker to start")
+                stack.wait_worker_started()
                 yield stack
             finally:
-                _stop(worker)
+                _stop(stack.worker)
+                for group in stack.killed_groups:
+                    try:
+                        os.killpg(group, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                _kill_processes_of(stack.home)

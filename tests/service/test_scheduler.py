@@ -86,3 +86,39 @@ def test_best_effort_run_waits_while_no_gpu_is_spare(tmp_path: Path) -> None:
     sched.finish("a")
     sched.plan(T0 + 2)
     assert [x.kind for x in sched.actuate(T0 + 2)] == ["launch"]
+
+
+def test_a_run_adopted_after_a_restart_keeps_its_gpus_until_it_gives_them_up(tmp_path: Path) -> None:
+    sched = _scheduler()
+    a = _run(tmp_path, "a", T0 - 100, 4000, T0 + 600)
+    a.channel.request("rescale", [0, 1])  # what the previous service instance told it
+    _ack(a, iteration=1000)
+    a.channel.publish_status({"iteration": 1000})
+    sched.adopt(Run("a", a.job, a.channel, held=(0, 1), commanded=(0, 1)))
+    b = _run(tmp_path, "b", T0, 20 * 36, T0 + 40)
+    sched.arrive(b)
+    result = sched.plan(T0)
+    assert result is not None and [d.job_id for d in result.decisions if d.admitted] == ["a", "b"]
+    assert sched.status(T0)["a"].remaining == 3000
+    now, launched = T0, None
+    while now < T0 + 12 and launched is None:
+        actions = {x.run_id: x for x in sched.actuate(now)}
+        launched = actions.get("b") if actions.get("b") and actions["b"].kind == "launch" else None
+        assert launched is None  # a has not acknowledged any shrink yet
+        now += 2
+        sched.plan(now)
+    _ack(a, iteration=1100)
+    actions = {x.run_id: x for x in sched.actuate(now)}
+    assert actions["b"].kind == "launch" and set(actions["b"].gpus).isdisjoint(sched.runs["a"].held)
+
+
+def test_an_adopted_run_the_policy_no_longer_guarantees_carries_on_best_effort(tmp_path: Path) -> None:
+    sched = _scheduler()
+    late = _run(tmp_path, "late", T0 - 100, 10**6, T0 + 10)  # cannot make it any more
+    late.channel.request("rescale", [0])
+    _ack(late)
+    sched.adopt(Run("late", late.job, late.channel, held=(0,), commanded=(0,)))
+    result = sched.plan(T0)
+    assert result is not None and result.decisions == []  # never reported as rejected
+    result = sched.plan(T0 + 2)
+    assert result is not None and result.decisions[0].admitted and sched.runs["late"].job.deadline is None

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 # Relative slack on every coverage test, so float rounding never turns an
 # exactly-covered plan into a deadline miss.
 COVER_SLACK = 1e-9
+# Plans are built to cover a little more than the test asks, so the test holds
+# even at epoch-seconds magnitudes where a float second is only ~1e-7 exact.
+FILL_MARGIN = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +76,13 @@ class SlotClock:
     overhead: Callable[[int], float]
 
     def slot_of(self, seconds: float) -> int:
-        return math.floor(seconds / self.interval + 1e-9)
+        x = seconds / self.interval
+        return math.floor(x + 1e-12 * max(1.0, abs(x)))  # a hair below a boundary is on it
 
     def slot_after(self, seconds: float) -> int:
         """The first slot boundary at or after `seconds`."""
-        return math.ceil(seconds / self.interval - 1e-9)
+        x = seconds / self.interval
+        return math.ceil(x - 1e-12 * max(1.0, abs(x)))
 
 
 def floor_level(levels: tuple[int, ...], gpus: int) -> int:
@@ -89,6 +94,12 @@ def floor_level(levels: tuple[int, ...], gpus: int) -> int:
 
 def _work(curve: ThroughputCurve, gpus: int, seconds: float, charge: float) -> float:
     return curve.points[gpus] * max(0.0, seconds - charge)
+
+
+def _span(start: int, end: int, deadline: float, dt: float) -> float:
+    """Usable seconds of slots [start, end) before the deadline, computed from
+    slot counts so that large absolute times lose no precision."""
+    return (end - start) * dt - max(0.0, end * dt - deadline)
 
 
 def cover(
@@ -111,7 +122,7 @@ def cover(
         if run.end <= now_slot:
             continue
         start = max(run.start, now_slot)
-        seconds = min(run.end * dt, deadline) - start * dt
+        seconds = _span(start, run.end, deadline, dt)
         if start == now_slot and run.gpus == current_gpus:
             charge = overhead_left
         else:
@@ -141,7 +152,7 @@ def fill(
     end_slot = clock.slot_after(deadline)
     if end_slot <= now_slot or need <= 0:
         return (), 0.0
-    need *= 1 + COVER_SLACK
+    need *= 1 + FILL_MARGIN
     runs: list[Run] = []  # built latest first
     closed = 0.0
     run_gpus = 0
@@ -150,22 +161,21 @@ def fill(
         g = floor_level(levels, min(cap, free))
         if g != run_gpus:
             if run_gpus:
-                seconds = min(run_end * dt, deadline) - b * dt
-                closed += _work(curve, run_gpus, seconds, clock.overhead(run_gpus))
+                closed += _work(curve, run_gpus, _span(b, run_end, deadline, dt), clock.overhead(run_gpus))
                 runs.append(Run(b, run_end, run_gpus))
             run_gpus, run_end = g, b
         if not g:
             continue
         speed = curve.points[g]
         ov = clock.overhead(g)
-        end_s = min(run_end * dt, deadline)
-        start = math.floor((end_s - (need - closed) / speed - ov) / dt)
+        tail = max(0.0, run_end * dt - deadline)  # part of the last slot past the deadline
+        start = run_end - math.ceil(((need - closed) / speed + ov + tail) / dt)
         if start >= a and start > now_slot:
             runs.append(Run(start, run_end, g))
             runs.reverse()
-            return tuple(runs), closed + _work(curve, g, end_s - start * dt, ov)
+            return tuple(runs), closed + _work(curve, g, _span(start, run_end, deadline, dt), ov)
     if run_gpus:  # the earliest run reaches now
-        seconds = min(run_end * dt, deadline) - now_slot * dt
+        seconds = _span(now_slot, run_end, deadline, dt)
         charge = overhead_left if run_gpus == current_gpus else clock.overhead(run_gpus)
         closed += _work(curve, run_gpus, seconds, charge)
         runs.append(Run(now_slot, run_end, run_gpus))

@@ -85,3 +85,25 @@ def test_edf_runs_the_requested_width_in_deadline_order():
 def test_unknown_policy_is_named():
     with pytest.raises(ValueError, match="known: "):
         make_policy("fifo", TOPO)
+
+
+def test_decisions_do_not_depend_on_the_clock_origin():
+    """The service passes epoch seconds (~1.8e9); float rounding must not change a decision."""
+    from scheduler_service.policy.overhead import RestartOverhead
+
+    def decide(origin):
+        policy = make_policy("elasticflow", Topology(1, 1, 2), interval=2.0)
+        policy.clock = type(policy.clock)(2.0, RestartOverhead(0.5, 0.5, 0.0))
+        out, status, work = [], {}, {}
+        for k, (iters, window) in enumerate([(720, 40), (900, 30), (100, 10), (5000, 400), (300, 9)]):
+            now = origin + 2.0 * k
+            job = Job(str(k), now, iters, now + window, ThroughputCurve({1: 20, 2: 36}))
+            reply = policy.schedule(SchedulingRequest(now, [job], status=status))
+            d = reply.decisions[0]
+            work[job.job_id] = iters  # nothing trains here: every admitted job keeps all its work
+            status = {j: JobStatus(work[j], g) for j, g in reply.allocation.items()}
+            earliest = None if d.earliest_feasible_deadline is None else d.earliest_feasible_deadline - origin
+            out.append((d.admitted, d.reason, d.share, earliest, dict(reply.allocation)))
+        return out
+
+    assert decide(0.0) == decide(1.8e9)

@@ -117,10 +117,6 @@ class ElasticFlowWorker(ProcessWorker):
         self.cluster = cluster_mod.load()
         self.policy = ElasticFlowPolicy(self.cluster.topology, interval=self.interval, overhead=self.overhead)
         self.scheduler = Scheduler(self.policy)
-        # The policy's clock: seconds since this service started, on a slot
-        # boundary. (Its slot arithmetic loses its rounding tolerance at epoch
-        # magnitudes: 1.8e9 s in 2 s slots rejects feasible jobs.)
-        self.epoch = time.time() // self.interval * self.interval
         self.store: ServiceStore | None = None
         self.home = elasticflow_home()
         self._seen: set[str] = set()  # flow runs already taken in (or rejected)
@@ -169,7 +165,7 @@ class ElasticFlowWorker(ProcessWorker):
             run_id = str(entry.flow_run.id)
             self._responses[run_id] = entry
             start = entry.flow_run.next_scheduled_start_time or entry.flow_run.expected_start_time
-            if run_id in self._seen or (start is not None and start.timestamp() - self.epoch > now):
+            if run_id in self._seen or (start is not None and start.timestamp() > now):
                 continue
             self._seen.add(run_id)
             await self._take_in(entry.flow_run, now)
@@ -227,7 +223,7 @@ class ElasticFlowWorker(ProcessWorker):
             curve = ThroughputCurve({g: v for g, v in points.items() if g <= limit} or {1: 1e-9})
 
             def rel(moment: datetime) -> float:
-                return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp() - self.epoch
+                return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
             job = Job(job_id=row.flow_run_id, submit_time=rel(row.submitted_at), iterations=row.iterations,
                       deadline=None if row.deadline is None else rel(row.deadline), curve=curve,
@@ -274,11 +270,8 @@ class ElasticFlowWorker(ProcessWorker):
                 await self._finished(run_id)
 
     def clock(self) -> float:
-        """Now, on the policy's clock."""
-        return time.time() - self.epoch
-
-    def _abs(self, seconds: float | None) -> float | None:
-        return None if seconds is None else seconds + self.epoch
+        """Now, on the policy's clock: epoch seconds."""
+        return time.time()
 
     async def _take_in(self, flow_run: FlowRun, now: float) -> None:
         run_id = str(flow_run.id)
@@ -294,7 +287,7 @@ class ElasticFlowWorker(ProcessWorker):
         self.store.upsert_job(
             run_id, flow_run_name=flow_run.name, model=params.model,
             global_batch_size=params.hyperparameters.global_batch_size, iterations=iterations,
-            deadline=None if deadline is None else datetime.fromtimestamp(deadline + self.epoch, timezone.utc),
+            deadline=None if deadline is None else datetime.fromtimestamp(deadline, timezone.utc),
             status="arrived",
         )
         key = (params.model, params.hyperparameters.global_batch_size, params.device)
@@ -323,8 +316,8 @@ class ElasticFlowWorker(ProcessWorker):
             if deadline_raw not in (None, ""):
                 if raw.get("best_effort"):
                     raise ValueError("a best-effort job has no deadline; drop one of deadline and best_effort")
-                moment = parse_deadline(deadline_raw, datetime.fromtimestamp(now + self.epoch, timezone.utc))
-                deadline = moment.timestamp() - self.epoch
+                moment = parse_deadline(deadline_raw, datetime.fromtimestamp(now, timezone.utc))
+                deadline = moment.timestamp()
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'parameters'}: {e['msg']}" for e in exc.errors(include_url=False)
@@ -418,7 +411,7 @@ class ElasticFlowWorker(ProcessWorker):
                                     "elasticflow.admission": "admitted"})
         self._event(run_id, "elasticflow.decision", {
             "admitted": True, "guaranteed": decision.guaranteed, "mss": share, "message": decision.message,
-            "guaranteed_finish": _iso(self._abs(decision.guaranteed_finish)), "decision_ms": round(result.seconds * 1000, 3),
+            "guaranteed_finish": _iso(decision.guaranteed_finish), "decision_ms": round(result.seconds * 1000, 3),
             "allocation": result.allocation.get(run_id, 0),
         })
         entry = self._responses.get(run_id)  # none for a run adopted after a restart
@@ -430,7 +423,6 @@ class ElasticFlowWorker(ProcessWorker):
                       decision: Decision | None = None, seconds: float | None = None) -> None:
         assert self.store is not None
         run_id = str(flow_run.id)
-        earliest = self._abs(earliest)
         text = f"{reason}: {message}"
         if earliest is not None:
             text += f"; earliest feasible deadline {_iso(earliest)}"
@@ -482,7 +474,7 @@ class ElasticFlowWorker(ProcessWorker):
 
         run = self.scheduler.runs.get(run_id)
         status = (run.channel.status() if run is not None else None) or {}
-        projected = self._abs(self._projected.get(run_id)) if action != "release" else None
+        projected = self._projected.get(run_id) if action != "release" else None
         self._history.setdefault(run_id, []).append({
             "at": datetime.now(timezone.utc).strftime("%H:%M:%S"), "action": action,
             "gpus": _gpus_label(gpus) or "-", "iteration": str(status.get("iteration", 0)),
@@ -491,11 +483,11 @@ class ElasticFlowWorker(ProcessWorker):
         lines = []
         if run is not None:
             job = run.job
-            deadline = _iso(self._abs(job.deadline)) if job.deadline is not None else "none (best-effort)"
+            deadline = _iso(job.deadline) if job.deadline is not None else "none (best-effort)"
             lines.append(f"**{job.model}**, {job.iterations:.0f} iterations, deadline {deadline}, "
                          f"minimum satisfactory share {run.share if run.share is not None else share}")
         if guaranteed_finish is not None:
-            lines.append(f"guaranteed finish: {_iso(self._abs(guaranteed_finish))}")
+            lines.append(f"guaranteed finish: {_iso(guaranteed_finish)}")
         rows = self._history[run_id]
         header = list(rows[0])
         lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -521,7 +513,7 @@ class ElasticFlowWorker(ProcessWorker):
         if self._state_name.get(run_id) == name:
             return
         self._state_name[run_id] = name
-        scheduled = datetime.fromtimestamp(now + self.epoch, timezone.utc)
+        scheduled = datetime.fromtimestamp(now, timezone.utc)
         try:
             await self.client.set_flow_run_state(
                 flow_run_id, Scheduled(name=name, scheduled_time=scheduled, message=why), force=True

@@ -16,7 +16,6 @@ runs to jobs, decisions to states, labels, events and launches.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor

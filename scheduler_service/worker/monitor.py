@@ -1,0 +1,345 @@
+"""What a person reads about the whole cluster: the GPU map, every job's share,
+progress and projected finish against its deadline, and a plot of the
+allocation over time.
+
+Pure rendering: no Prefect and no clock here. The worker builds a
+`ClusterSnapshot` (times passed in) and a list of `AllocationSample`s, and
+publishes the text these functions return as one Prefect artifact that it
+keeps current; the same functions can be tested, or fed from the simulator,
+without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+# The deadline-at-risk margin when none is given: a projection within a minute
+# of the deadline is one slow slot away from missing it.
+DEFAULT_MARGIN = timedelta(minutes=1)
+# Jobs beyond this many (by GPU-seconds) share one "other jobs" band in the
+# plot: a legend of hundreds of runs helps nobody.
+PLOT_MAX_JOBS = 10
+
+
+class JobView(BaseModel):
+    """One job as the cluster view shows it."""
+
+    name: str  # the flow run's name
+    flow_run_id: str
+    model: str
+    status: str  # e.g. "running", "waiting", "admitted", "finished"
+    share: int | None = None  # minimum satisfactory share (GPUs); None: best-effort
+    gpus: list[int] = Field(default_factory=list)  # GPUs it holds now
+    iterations_done: float = 0.0
+    iterations_total: float = 0.0
+    projected_finish: datetime | None = None  # the policy's; for a finished job, when it finished
+    deadline: datetime | None = None  # None: best-effort
+
+
+class ClusterSnapshot(BaseModel):
+    """The cluster at one moment. GPU `g` lives on node `nodes[g // gpus_per_node]`
+    (GPU ids are node-major, as in `Topology`)."""
+
+    at: datetime
+    topology: str  # e.g. Topology.describe()
+    nodes: list[str]
+    gpus_per_node: int = Field(ge=1)
+    jobs: list[JobView] = Field(default_factory=list)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.nodes) * self.gpus_per_node
+
+
+class AllocationSample(BaseModel):
+    """How many GPUs each run held from `at` until the next sample."""
+
+    at: datetime
+    gpus: dict[str, int] = Field(default_factory=dict)  # run (name or id) -> GPUs held
+
+
+class Outlook(str, Enum):
+    """A job's projected finish against its deadline."""
+
+    ON_TRACK = "on track"
+    AT_RISK = "at risk"  # projected within the margin of the deadline
+    LATE = "late"  # projected after the deadline, or the deadline passed unfinished
+    MET = "met"  # finished by its deadline
+    MISSED = "missed"  # finished after its deadline
+    UNKNOWN = "no projection"  # has a deadline, no projected finish yet
+    BEST_EFFORT = "best-effort"
+
+
+_MARK = {
+    Outlook.ON_TRACK: "🟢 on track",
+    Outlook.AT_RISK: "🟠 at risk",
+    Outlook.LATE: "🔴 late",
+    Outlook.MET: "✅ met",
+    Outlook.MISSED: "❌ missed",
+    Outlook.UNKNOWN: "⚪ no projection",
+    Outlook.BEST_EFFORT: "⚪ best-effort",
+}
+_FINISHED = {"finished", "completed"}
+
+
+def _utc(moment: datetime) -> datetime:
+    """Naive datetimes are taken as UTC, so comparisons never raise."""
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def deadline_risk(projected_finish: datetime | None, deadline: datetime | None,
+                  margin: timedelta = DEFAULT_MARGIN) -> bool:
+    """True when the projected finish passes the deadline minus `margin`: the
+    condition for a "deadline at risk" event an automation can act on. A job
+    without a deadline or without a projection is never at risk."""
+    if projected_finish is None or deadline is None:
+        return False
+    return _utc(projected_finish) > _utc(deadline) - margin
+
+
+def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> Outlook:
+    """Where `job` stands against its deadline at time `at`."""
+    if job.deadline is None:
+        return Outlook.BEST_EFFORT
+    deadline = _utc(job.deadline)
+    if job.status in _FINISHED:
+        if job.projected_finish is None:
+            return Outlook.UNKNOWN
+        return Outlook.MET if _utc(job.projected_finish) <= deadline else Outlook.MISSED
+    if _utc(at) > deadline:
+        return Outlook.LATE
+    if job.projected_finish is None:
+        return Outlook.UNKNOWN
+    if _utc(job.projected_finish) > deadline:
+        return Outlook.LATE
+    if deadline_risk(job.projected_finish, deadline, margin):
+        return Outlook.AT_RISK
+    return Outlook.ON_TRACK
+
+
+def _cell(text: str) -> str:
+    """Markdown table cells cannot hold pipes or newlines."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = int(abs(delta.total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours >= 48:
+        text = f"{hours // 24}d{hours % 24}h"
+    elif hours:
+        text = f"{hours}h{minutes:02d}m"
+    elif minutes:
+        text = f"{minutes}m{secs:02d}s"
+    else:
+        text = f"{secs}s"
+    return ("-" if delta.total_seconds() < 0 else "") + text
+
+
+def _when(moment: datetime | None, at: datetime) -> str:
+    """A time as HH:MM:SS UTC with how far from `at`; the date only when it differs."""
+    if moment is None:
+        return "-"
+    moment, at = _utc(moment).astimezone(timezone.utc), _utc(at).astimezone(timezone.utc)
+    clock = moment.strftime("%H:%M:%S") if moment.date() == at.date() else moment.strftime("%Y-%m-%d %H:%M:%S")
+    delta = moment - at
+    relative = f"in {_duration(delta)}" if delta.total_seconds() >= 0 else f"{_duration(-delta)} ago"
+    return f"{clock} ({relative})"
+
+
+def _progress(job: JobView) -> str:
+    if job.iterations_total <= 0:
+        return "-"
+    percent = max(0.0, min(100.0, 100.0 * job.iterations_done / job.iterations_total))
+    return f"{percent:.0f}% ({job.iterations_done:.0f}/{job.iterations_total:.0f})"
+
+
+def _order(job: JobView) -> tuple[int, datetime, str]:
+    """Earliest deadline first, best-effort jobs after every deadline job."""
+    far = datetime.max.replace(tzinfo=timezone.utc)
+    return (job.deadline is None, far if job.deadline is None else _utc(job.deadline), job.name)
+
+
+def _holders(snapshot: ClusterSnapshot) -> dict[int, list[str]]:
+    """GPU -> names of the jobs holding it (two during a hand-over report)."""
+    holders: dict[int, list[str]] = {}
+    for job in sorted(snapshot.jobs, key=_order):
+        for gpu in job.gpus:
+            holders.setdefault(gpu, []).append(job.name)
+    return holders
+
+
+def gpu_map_markdown(snapshot: ClusterSnapshot) -> str:
+    """One row per node, one column per local GPU: `id holder`, or `id ·` when idle."""
+    holders = _holders(snapshot)
+    per_node = snapshot.gpus_per_node
+    header = ["node"] + [f"GPU {i}" for i in range(per_node)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, node in enumerate(snapshot.nodes):
+        cells = [_cell(node)]
+        for local in range(per_node):
+            gpu = index * per_node + local
+            names = holders.get(gpu)
+            cells.append(f"`{gpu}` " + (_cell(" + ".join(names)) if names else "·"))
+        lines.append("| " + " | ".join(cells) + " |")
+    strays = sorted(g for g in holders if g >= snapshot.num_gpus)
+    if strays:  # a job reports GPUs the topology does not have: show it rather than hide it
+        lines.append("")
+        lines.append("GPUs outside the topology: " + ", ".join(f"`{g}` {_cell(' + '.join(holders[g]))}"
+                                                             for g in strays))
+    return "\n".join(lines)
+
+
+def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:
+    """The jobs table, earliest deadline first, best-effort jobs last."""
+    if not snapshot.jobs:
+        return "_No jobs._"
+    header = ["job", "model", "status", "MSS", "GPUs", "progress", "projected finish", "deadline", "outlook"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for job in sorted(snapshot.jobs, key=_order):
+        gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
+        cells = [
+            f"{_cell(job.name)} `{job.flow_run_id[:8]}`",
+            _cell(job.model),
+            _cell(job.status),
+            "best-effort" if job.share is None else str(job.share),
+            gpus,
+            _progress(job),
+            _when(job.projected_finish, snapshot.at),
+            _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
+            _MARK[outlook(job, snapshot.at, margin)],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:
+    """The whole cluster view as markdown: a summary line, the GPU map by node and
+    the jobs table with each job's outlook against its deadline."""
+    at = _utc(snapshot.at).astimezone(timezone.utc)
+    busy = len({g for job in snapshot.jobs for g in job.gpus})
+    outlooks = [outlook(job, snapshot.at, margin) for job in snapshot.jobs]
+    counts = [f"{outlooks.count(o)} {o.value}" for o in (Outlook.LATE, Outlook.AT_RISK) if o in outlooks]
+    summary = (f"{at:%Y-%m-%d %H:%M:%S} UTC · {snapshot.topology} · {busy}/{snapshot.num_gpus} GPUs busy · "
+               f"{len(snapshot.jobs)} job{'s' if len(snapshot.jobs) != 1 else ''}")
+    if counts:
+        summary += " · " + ", ".join(counts)
+    return "\n".join([
+        "# ElasticFlow cluster", "", summary, "",
+        "## GPUs", "", gpu_map_markdown(snapshot), "",
+        "## Jobs", "", jobs_markdown(snapshot, margin), "",
+        f"_MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
+        f"At risk: projected finish within {_duration(margin)} of the deadline._",
+    ])
+
+
+def plotted_jobs(samples: list[AllocationSample], until: datetime | None = None,
+                 max_jobs: int = PLOT_MAX_JOBS) -> tuple[list[str], list[str]]:
+    """The runs the plot names (most GPU-seconds first, at most `max_jobs`) and the
+    rest, drawn as one band. Each sample counts until the next, the last until `until`."""
+    points = sorted(samples, key=lambda s: _utc(s.at))
+    if not points:
+        return [], []
+    ends = [_utc(s.at) for s in points[1:]] + [max(_utc(until), _utc(points[-1].at)) if until else _utc(points[-1].at)]
+    weight: dict[str, float] = {}
+    for sample, end in zip(points, ends):
+        span = max((end - _utc(sample.at)).total_seconds(), 1e-9)  # a lone sample still counts
+        for run, n in sample.gpus.items():
+            weight[run] = weight.get(run, 0.0) + n * span
+    ranked = sorted(weight, key=lambda r: (-weight[r], r))
+    return ranked[:max_jobs], ranked[max_jobs:]
+
+
+def allocation_plot(samples: list[AllocationSample], deadlines: dict[str, datetime] | None = None,
+                    total_gpus: int | None = None, until: datetime | None = None,
+                    max_jobs: int = PLOT_MAX_JOBS, width_px: int = 900, height_px: int = 360) -> bytes:
+    """A PNG of GPUs per job over time: stacked steps (each sample holds until the
+    next one, the last until `until`), each job's deadline a dashed line in its
+    colour, the cluster's size a grey line. Jobs beyond `max_jobs` (by
+    GPU-seconds) share one grey "other jobs" band so the legend stays readable."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.dates as mdates
+    from matplotlib.figure import Figure
+
+    dpi = 100
+    figure = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    axes = figure.add_subplot()
+    axes.set_ylabel("GPUs")
+    points = sorted(samples, key=lambda s: _utc(s.at))
+    if not points:
+        axes.text(0.5, 0.5, "no allocation yet", ha="center", va="center", transform=axes.transAxes, fontsize=14)
+        axes.set_xticks([])
+        axes.set_yticks([])
+    else:
+        times = [_utc(s.at).astimezone(timezone.utc).replace(tzinfo=None) for s in points]
+        end = _utc(until).astimezone(timezone.utc).replace(tzinfo=None) if until is not None else times[-1]
+        end = max(end, times[-1])
+        shown, others = plotted_jobs(points, end, max_jobs)
+        xs = times + [end]  # the last sample holds until `end`
+        series = [[float(s.gpus.get(run, 0)) for s in points] for run in shown]
+        labels = list(shown)
+        colours = [matplotlib.colormaps["tab10"](i % 10) for i in range(len(shown))]
+        if others:
+            series.append([float(sum(s.gpus.get(run, 0) for run in others)) for s in points])
+            labels.append(f"{len(others)} other jobs")
+            colours.append((0.75, 0.75, 0.75, 1.0))
+        series = [values + values[-1:] for values in series]
+        # Deadlines far past the samples (hours, for a job just started) would
+        # squash the plot: the x range reaches at most half its span beyond the
+        # last sample, and a deadline outside it is named in the legend only.
+        span = max((end - times[0]).total_seconds(), 1.0)
+        right = end + timedelta(seconds=span * 0.02)
+        due: dict[str, datetime] = {}
+        for run in shown:
+            deadline = (deadlines or {}).get(run)
+            if deadline is not None:
+                due[run] = _utc(deadline).astimezone(timezone.utc).replace(tzinfo=None)
+                if due[run] <= end + timedelta(seconds=span * 0.5):
+                    right = max(right, due[run] + timedelta(seconds=span * 0.02))
+        for i, run in enumerate(shown):
+            if run in due:
+                labels[i] = f"{run} (due {due[run]:%H:%M:%S})"
+        if series:
+            axes.stackplot(xs, *series, labels=labels, colors=colours, step="post", alpha=0.85,
+                           edgecolor="white", linewidth=0.5)
+        for run, colour in zip(shown, colours):
+            if run in due and due[run] <= right:
+                axes.axvline(due[run], color=colour, linestyle="--", linewidth=1.5)
+        axes.set_xlim(times[0], right)
+        if total_gpus:
+            axes.axhline(total_gpus, color="grey", linewidth=1, linestyle=":")
+            axes.set_ylim(0, total_gpus * 1.08)
+        axes.yaxis.get_major_locator().set_params(integer=True)
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        axes.set_xlabel("time (UTC); dashed: deadlines")
+        if labels:
+            axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    axes.set_title("GPUs per job")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def png_data_uri(png: bytes) -> str:
+    """A `data:` URI of a PNG, for an `<img>` or a markdown image."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def allocation_markdown(samples: list[AllocationSample], deadlines: dict[str, datetime] | None = None,
+                        total_gpus: int | None = None, until: datetime | None = None) -> str:
+    """The allocation plot embedded in markdown as a data URI: the Prefect 3.9.1
+    UI renders it inside a markdown artifact (checked in headless Chromium by
+    tests/ui), so the picture needs no file server."""
+    png = allocation_plot(samples, deadlines, total_gpus, until)
+    return f"## Allocation over time\n\n![GPUs per job over time]({png_data_uri(png)})"

@@ -1,22 +1,40 @@
-"""ElasticFlow's checkpoint store.
+"""ElasticFlow's checkpoint store and the training step for ML pipelines.
 
 `CheckpointStorage` (plain, fsspec) is what training workers use; `CheckpointStore`
-is the same thing as a Prefect block. The block is imported lazily so that a
-worker process does not pay for importing Prefect.
+is the same thing as a Prefect block. `train_model` is the task a pipeline DAG
+calls to train against its SLA (`elasticflow_block.pipeline`), with the pure
+deadline derivation in `elasticflow_block.deadline`. Everything but the storage
+is imported lazily so that a training worker process does not pay for
+importing Prefect.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from elasticflow_block.storage import CheckpointCorrupt, CheckpointInfo, CheckpointStorage
 
-__all__ = ["CheckpointCorrupt", "CheckpointInfo", "CheckpointStorage", "CheckpointStore"]
+_LAZY = {
+    "CheckpointStore": "elasticflow_block.block",
+    "DeadlinePlan": "elasticflow_block.deadline",
+    "DownstreamStep": "elasticflow_block.deadline",
+    "HistoryPolicy": "elasticflow_block.deadline",
+    "SLATooClose": "elasticflow_block.deadline",
+    "derive_deadline": "elasticflow_block.deadline",
+    "resolve_sla": "elasticflow_block.deadline",
+    "TrainedModel": "elasticflow_block.pipeline",
+    "TrainingError": "elasticflow_block.pipeline",
+    "TrainingFailed": "elasticflow_block.pipeline",
+    "TrainingRejected": "elasticflow_block.pipeline",
+    "train_model": "elasticflow_block.pipeline",
+}
+
+__all__ = ["CheckpointCorrupt", "CheckpointInfo", "CheckpointStorage", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CheckpointStore":
-        from elasticflow_block.block import CheckpointStore
-
-        return CheckpointStore
-    raise AttributeError(name)
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,414 @@
+"""`train_model`: the training step of an ML pipeline DAG, deadline-aware.
+
+A pipeline knows its SLA ("the model is registered by 06:00 UTC"), not a GPU
+count. `train_model` turns the SLA into a training deadline (SLA minus the
+expected time of the steps after training, see `elasticflow_block.deadline`),
+submits the `train/<model>` deployment as a subflow run in the elasticflow
+work pool, waits for it, and returns where the trained checkpoint is.
+
+The scheduler answers at once. A rejection is raised as `TrainingRejected`
+with the reason and the earliest deadline that could be met, so the pipeline
+can choose: relax its SLA, train a smaller model, or alert a person. Any other
+end that is not a completed run raises `TrainingFailed`.
+
+    from elasticflow_block import train_model, TrainingRejected
+
+    @flow
+    def nightly():
+        data = prepare.submit()
+        try:
+            trained = train_model("mlp", {"global_batch_size": 32}, sla="06:00Z",
+                                  downstream=["evaluate", "register"], after=[data], iterations=500)
+        except TrainingRejected as rejected:
+            ...  # rejected.reason, rejected.earliest_feasible_deadline, rejected.earliest_feasible_sla
+        evaluate(trained.checkpoint)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+from pydantic import BaseModel, ConfigDict, Field
+
+from elasticflow_block.deadline import (
+    DeadlinePlan,
+    DownstreamStep,
+    HistoryPolicy,
+    derive_deadline,
+    given_steps,
+    resolve_sla,
+    step_from_history,
+)
+from elasticflow_block.storage import CheckpointStorage
+
+REJECTED = "Rejected"  # the state name the elasticflow worker gives a rejected run
+_EARLIEST = "; earliest feasible deadline "
+
+
+class TrainingError(RuntimeError):
+    """The training subflow run did not produce a model. Carries the run and its final state."""
+
+    def __init__(self, message: str, flow_run_id: str | None, state_type: str | None, state_name: str | None) -> None:
+        super().__init__(message)
+        self.message, self.flow_run_id, self.state_type, self.state_name = message, flow_run_id, state_type, state_name
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.message, self.flow_run_id, self.state_type, self.state_name))
+
+
+class TrainingFailed(TrainingError):
+    """Failed, Crashed, cancelled by a person, or completed without a usable checkpoint."""
+
+
+class TrainingRejected(TrainingError):
+    """The scheduler refused the deadline; nothing ran and no GPU was held.
+
+    `reason` is the scheduler's reason code (`infeasible_even_on_an_idle_cluster`,
+    `gpus_reserved_by_admitted_jobs`, `deadline_passed`, `invalid_parameters`, ...),
+    `message` the whole state message, and `earliest_feasible_deadline` the
+    earliest training deadline the scheduler could have met (None when the
+    reason has none, e.g. invalid parameters). `earliest_feasible_sla` adds the
+    time reserved for the downstream steps back: the SLA the pipeline could promise.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        flow_run_id: str | None,
+        reason: str,
+        earliest_feasible_deadline: datetime | None,
+        plan: DeadlinePlan | None = None,
+    ) -> None:
+        super().__init__(f"training rejected ({reason}): {message}", flow_run_id, "CANCELLED", REJECTED)
+        self.message, self.reason, self.earliest_feasible_deadline, self.plan = (
+            message, reason, earliest_feasible_deadline, plan,
+        )
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.message, self.flow_run_id, self.reason, self.earliest_feasible_deadline, self.plan))
+
+    @property
+    def earliest_feasible_sla(self) -> datetime | None:
+        if self.earliest_feasible_deadline is None or self.plan is None:
+            return None
+        return self.earliest_feasible_deadline + self.plan.reserved
+
+
+def parse_rejection(message: str | None) -> tuple[str, datetime | None]:
+    """Reason code and earliest feasible deadline from a `Rejected` state message.
+
+    The worker writes `"<reason>: <why>; earliest feasible deadline <ISO-8601>"`,
+    the last part only when there is one. A message in another shape keeps
+    reason `unknown` rather than failing: the raw message still travels with the error.
+    """
+    text = (message or "").strip()
+    head, sep, _ = text.partition(": ")
+    reason = head if sep and head and " " not in head else "unknown"
+    earliest: datetime | None = None
+    if _EARLIEST in text:
+        stamp = text.rsplit(_EARLIEST, 1)[1].strip().rstrip(".")
+        try:
+            earliest = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        except ValueError:
+            earliest = None
+        if earliest is not None and earliest.tzinfo is None:
+            earliest = earliest.replace(tzinfo=timezone.utc)
+    return reason, earliest
+
+
+class TrainedModel(BaseModel):
+    """What a completed training run left behind, enough to load the model again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    flow_run_id: str
+    run_key: str = Field(description="checkpoint folder name under the store: the train flow run id")
+    checkpoint_store: str = Field(description="fsspec URL or path of the checkpoint store root")
+    iteration: int = Field(description="iteration of the newest complete checkpoint")
+    checkpoint: str = Field(description="path of that checkpoint's payload")
+    deadline: datetime
+    plan: DeadlinePlan
+
+    def storage(self) -> CheckpointStorage:
+        return CheckpointStorage(self.checkpoint_store)
+
+    def load_state(self) -> dict[str, Any]:
+        """The checkpoint's state (model and optimizer state dicts, iteration, ...), digest verified."""
+        state, _ = self.storage().load(self.run_key, self.iteration)
+        return state
+
+
+class TrainRequest(BaseModel):
+    """`train_model`'s arguments, validated before anything is submitted."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str = Field(min_length=1)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    sla: datetime
+    downstream_given: dict[str, timedelta] = Field(default_factory=dict)
+    downstream_learned: list[str] = Field(default_factory=list)
+    iterations: int | None = Field(default=None, ge=1)
+    epochs: float | None = Field(default=None, gt=0)
+    dataset: str | dict[str, Any] | None = None
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    margin: timedelta = Field(default=timedelta(minutes=1))
+    history: HistoryPolicy = Field(default_factory=HistoryPolicy)
+    deployment: str
+
+    def train_parameters(self, deadline: datetime) -> dict[str, Any]:
+        """Parameters of the train flow run: the caller's extras, then ours (ours win)."""
+        ours: dict[str, Any] = {"model": self.model, "deadline": deadline.astimezone(timezone.utc).isoformat()}
+        for key, value in (
+            ("hyperparameters", self.hyperparameters or None),
+            ("iterations", self.iterations),
+            ("epochs", self.epochs),
+            ("dataset", self.dataset),
+            ("model_kwargs", self.model_kwargs or None),
+        ):
+            if value is not None:
+                ours[key] = value
+        clash = sorted(set(self.parameters) & (set(ours) | {"best_effort"}))
+        if clash:
+            raise ValueError(f"parameters {clash} are train_model arguments; pass them there, not in `parameters`")
+        return {**self.parameters, **ours}
+
+
+def _split_downstream(
+    downstream: Mapping[str, timedelta | float | None] | Sequence[str],
+) -> tuple[dict[str, timedelta], list[str]]:
+    """Given times (timedelta or seconds) and step names to learn (a bare name, or a None value)."""
+    if isinstance(downstream, str):
+        raise TypeError("downstream must be a list of step names or a mapping of step name to expected time")
+    if isinstance(downstream, Mapping):
+        given = {k: v for k, v in downstream.items() if v is not None}
+        learned = [k for k, v in downstream.items() if v is None]
+        return {s.name: s.expected for s in given_steps(given)}, learned
+    return {}, list(downstream)
+
+
+def task_durations(name: str, flow_name: str | None, limit: int) -> list[float]:
+    """Wall-clock seconds of the newest completed runs of task `name` (newest first), from the Prefect API.
+
+    Task runs are named `<task name>-<suffix>` unless named explicitly, so the
+    name is matched on that prefix; `flow_name` keeps one pipeline's
+    `evaluate` apart from another's.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        TaskRunFilter,
+        TaskRunFilterName,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    task_filter = TaskRunFilter(
+        name=TaskRunFilterName(like_=name),
+        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.COMPLETED])),
+    )
+    flow_filter = FlowFilter(name=FlowFilterName(any_=[flow_name])) if flow_name else None
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            task_run_filter=task_filter, flow_filter=flow_filter, sort=TaskRunSort.END_TIME_DESC, limit=limit * 4
+        )
+    durations: list[float] = []
+    for run in runs:
+        if run.name != name and run.name.rsplit("-", 1)[0] != name:
+            continue  # `like_` is a substring match: `evaluate` also finds `pre-evaluate-1`
+        if run.start_time is not None and run.end_time is not None:
+            durations.append((run.end_time - run.start_time).total_seconds())
+        elif run.total_run_time:
+            durations.append(run.total_run_time.total_seconds())
+        if len(durations) >= limit:
+            break
+    return durations
+
+
+def learn_steps(names: Sequence[str], policy: HistoryPolicy, flow_name: str | None) -> list[DownstreamStep]:
+    """Expected times of downstream steps from their past runs in Prefect (fallback where there are none)."""
+    return [step_from_history(name, task_durations(name, flow_name, policy.last_n), policy) for name in names]
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("elasticflow.pipeline")
+
+
+def _current_flow_name() -> str | None:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return context.flow.name if context is not None and context.flow is not None else None
+
+
+def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> TrainedModel:
+    """The completed run's newest checkpoint, found where the train flow writes it.
+
+    The train flow does not persist its result, so the location is derived the
+    way it derives it: store root from the run's `checkpoint_store` parameter
+    (default `$ELASTICFLOW_HOME/checkpoints`), run key = flow run id.
+    """
+    from flows.training.runtime import resolve_checkpoint_url
+
+    run_id = str(flow_run.id)
+    params = dict(flow_run.parameters or {})
+    root = resolve_checkpoint_url(params.get("checkpoint_store"))
+    storage = CheckpointStorage(root)
+    done = storage.iterations(run_id)
+    state = flow_run.state
+    if not done:
+        raise TrainingFailed(
+            f"train flow run {run_id} completed but no checkpoint exists under {root}/{run_id}; does this process "
+            "see the same ELASTICFLOW_HOME (or checkpoint_store) as the flow run?",
+            run_id, state.type.value if state else None, state.name if state else None,
+        )
+    iteration = done[-1]
+    if request.iterations is not None and iteration < request.iterations:
+        raise TrainingFailed(
+            f"train flow run {run_id} completed after {iteration}/{request.iterations} iterations "
+            "(stopped or preempted); its checkpoint is not the trained model",
+            run_id, state.type.value if state else None, state.name if state else None,
+        )
+    data_path, _ = storage._paths(run_id, iteration)
+    return TrainedModel(
+        model=request.model, model_kwargs=request.model_kwargs, flow_run_id=run_id, run_key=run_id,
+        checkpoint_store=root, iteration=iteration, checkpoint=data_path, deadline=plan.deadline, plan=plan,
+    )
+
+
+def _outcome(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> TrainedModel:
+    """Translate the train run's final state into a model or a typed error."""
+    run_id = str(flow_run.id)
+    state = flow_run.state
+    if state is None or not state.is_final():
+        raise TrainingFailed(
+            f"train flow run {run_id} not finished when train_model stopped waiting (state {state!r})",
+            run_id, state.type.value if state else None, state.name if state else None,
+        )
+    if state.is_completed():
+        return _checkpoint_of(flow_run, request, plan)
+    if state.is_cancelled() and state.name == REJECTED:
+        reason, earliest = parse_rejection(state.message)
+        raise TrainingRejected(state.message or "", run_id, reason, earliest, plan)
+    raise TrainingFailed(
+        f"train flow run {run_id} ended {state.type.value} ({state.name}): {state.message or 'no message'}",
+        run_id, state.type.value, state.name,
+    )
+
+
+def _publish_plan(plan: DeadlinePlan) -> None:
+    """A markdown artifact with the derivation, so the UI shows why training was due when it was."""
+    from prefect.artifacts import create_markdown_artifact
+
+    rows = "\n".join(
+        f"| {s.name} | {s.expected} | {s.source} | {s.samples or ''} | {s.statistic or ''} |" for s in plan.downstream
+    )
+    create_markdown_artifact(
+        key="elasticflow-training-deadline",
+        description="ElasticFlow training deadline from the pipeline SLA",
+        markdown=(
+            f"**SLA** {plan.sla.isoformat()}  \n**training deadline** {plan.deadline.isoformat()}  \n"
+            f"**margin** {plan.margin}\n\n| downstream step | expected | source | runs | statistic |\n"
+            f"|---|---|---|---|---|\n{rows}\n"
+        ),
+    )
+
+
+@task(name="train-model", cache_policy=NO_CACHE, persist_result=False, retries=0)
+def train_model(
+    model: str,
+    hyperparameters: dict[str, Any] | None = None,
+    sla: datetime | str = "+1h",
+    downstream: Mapping[str, timedelta | float | None] | Sequence[str] = (),
+    after: Sequence[Any] = (),
+    iterations: int | None = None,
+    epochs: float | None = None,
+    dataset: str | dict[str, Any] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+    parameters: dict[str, Any] | None = None,
+    margin: timedelta = timedelta(minutes=1),
+    history: HistoryPolicy | None = None,
+    deployment: str | None = None,
+    poll_interval_s: float = 5.0,
+    timeout_s: float | None = None,
+    now: datetime | None = None,
+) -> TrainedModel:
+    """Train `model` so that the pipeline meets `sla`; return the trained checkpoint.
+
+    - `sla`: when the pipeline's result is due: ISO-8601 with a zone, `+2h`, or
+      a time of day (`06:00Z`, next occurrence).
+    - `downstream`: the steps after training. A mapping gives their expected
+      times (timedelta or seconds; None = learn it); a list of task names learns
+      them all from their past completed runs in this flow (see `history`).
+    - `after`: upstream futures or results that must exist before training
+      (Prefect waits for futures passed here and draws the dependency).
+    - `parameters`: other `train` flow parameters (`checkpoint_interval`,
+      `checkpoint_store`, `device`, ...); `deployment` defaults to `train/<model>`.
+    - `now`: the clock, for tests; the real time otherwise.
+
+    Raises `SLATooClose` before submitting when no time is left to train,
+    `TrainingRejected` when the scheduler refuses the deadline, and
+    `TrainingFailed` for any other unsuccessful end.
+    """
+    del after  # only there to order the DAG: Prefect resolved it before this body runs
+    logger = _logger()
+    clock = now or datetime.now(timezone.utc)
+    given, learned = _split_downstream(downstream)
+    request = TrainRequest(
+        model=model, hyperparameters=hyperparameters or {}, sla=resolve_sla(sla, clock),
+        downstream_given=given, downstream_learned=learned, iterations=iterations, epochs=epochs,
+        dataset=dataset, model_kwargs=model_kwargs or {}, parameters=parameters or {}, margin=margin,
+        history=history or HistoryPolicy(), deployment=deployment or f"train/{model}",
+    )
+    if request.hyperparameters:
+        from flows.training.params import Hyperparameters
+
+        Hyperparameters.model_validate(request.hyperparameters)  # a typo fails here, not after a queue wait
+    steps = [DownstreamStep(name=k, expected=v, source="given") for k, v in request.downstream_given.items()]
+    if request.downstream_learned:
+        steps += learn_steps(request.downstream_learned, request.history, _current_flow_name())
+    for step in steps:
+        if step.source == "fallback":
+            logger.warning(
+                "no completed runs of downstream step %r to learn from; assuming %s (HistoryPolicy.fallback)",
+                step.name, step.expected,
+            )
+    plan = derive_deadline(request.sla, steps, clock, request.margin)
+    logger.info("elasticflow.train_model plan model=%s %s", request.model, plan.describe())
+    try:
+        _publish_plan(plan)
+    except Exception as exc:  # an artifact is a courtesy; training does not depend on it
+        logger.debug("deadline artifact not written: %s", exc)
+
+    from prefect.deployments import run_deployment
+
+    flow_run = run_deployment(
+        request.deployment, parameters=request.train_parameters(plan.deadline), as_subflow=True,
+        timeout=timeout_s, poll_interval=poll_interval_s,
+    )
+    logger.info(
+        "elasticflow.train_model finished flow_run=%s state=%s name=%s",
+        flow_run.id, flow_run.state.type.value if flow_run.state else None,  # type: ignore[union-attr]
+        flow_run.state.name if flow_run.state else None,  # type: ignore[union-attr]
+    )
+    trained = _outcome(flow_run, request, plan)
+    logger.info(
+        "elasticflow.train_model checkpoint=%s iteration=%d deadline=%s",
+        trained.checkpoint, trained.iteration, trained.deadline.isoformat(),
+    )
+    return trained

@@ -47,3 +47,33 @@ def deploy(pool: str, models: Iterable[str] = MODELS, parameters: dict[str, Any]
         )
         ids[f"train/{model}"] = str(deployment_id)
     return ids
+
+
+PIPELINE_ENTRYPOINT = "flows/pipeline.py:daily_pipeline"
+PIPELINE_CRON = "0 1 * * *"  # 01:00 UTC: five hours before the default SLA
+PIPELINE_SLA = "06:00Z"  # a time of day: each run's registered model is due at the next 06:00 UTC
+
+
+def deploy_pipeline(
+    pool: str, cron: str = PIPELINE_CRON, sla: str = PIPELINE_SLA, timezone: str = "UTC", paused: bool = False
+) -> str:
+    """Deploy the example pipeline as `pipeline/daily` on `pool`, run daily by a cron schedule; returns its id.
+
+    The pipeline's `sla` parameter is stored as a time of day, not a date, so
+    every scheduled run is due at its own next `sla`; a manual run can pass an
+    ISO-8601 time or `+1h` instead. The pipeline run itself needs no GPU: the
+    elasticflow worker launches it as a plain process and schedules only the
+    `train/<model>` run it submits.
+    """
+    from prefect import flow
+    from prefect.schedules import Cron
+
+    pipeline = flow.from_source(source=str(PROJECT_ROOT), entrypoint=PIPELINE_ENTRYPOINT)
+    deployment_id = pipeline.deploy(  # type: ignore[union-attr]
+        name="daily", work_pool_name=pool, parameters={"sla": sla},
+        schedule=Cron(cron, timezone=timezone), paused=paused,
+        description=(f"Example ML pipeline (prepare -> train -> evaluate -> register) due daily at {sla}; "
+                     "training's deadline is derived from that SLA. See docs/pipelines.md."),
+        print_next_steps=False, ignore_warnings=True,
+    )
+    return str(deployment_id)

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from flows.training.progress import ProgressSnapshot, ProgressTracker
+from flows.training.segment import SegmentResult
 
 log = logging.getLogger("elasticflow.progress")
 
@@ -30,6 +31,7 @@ class PrefectProgress(ProgressTracker):
         self.artifact_id: Any = None
         self.retry_after_s = retry_after_s
         self.paused_until = 0.0
+        self._rescaling = False  # the flow run shows a `Rescaling` state until training resumes
 
     @property
     def enabled(self) -> bool:
@@ -49,6 +51,34 @@ class PrefectProgress(ProgressTracker):
                 exc,
             )
             return None
+
+    # A resize shows in the run's state: the flow process sets it itself, so it
+    # can never race the run's own end (the scheduler could: a state it wrote
+    # after the run finished would reopen it).
+    def segment_finished(self, result: SegmentResult) -> None:
+        super().segment_finished(result)
+        if result.reason == "stopped" and self.iteration < self.total:
+            self._rescaling = True
+            gpus = ",".join(map(str, result.gpus))
+            self._safely("state", lambda: self._state(
+                "Rescaling", f"checkpointed at iteration {self.iteration} on GPUs {gpus}; "
+                "continuing on the GPU set the scheduler chose"))
+
+    def on_iteration(self, iteration: int, loss: float, wall_t: float) -> None:
+        super().on_iteration(iteration, loss, wall_t)
+        if self._rescaling and self._safely("state", lambda: self._state(
+                "Running", f"training on GPUs {','.join(map(str, self.gpus))} from iteration {iteration}")):
+            self._rescaling = False
+
+    def _state(self, name: str, message: str) -> bool:
+        from uuid import UUID
+
+        from prefect.client.orchestration import get_client
+        from prefect.states import Running
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(UUID(self.flow_run_id), Running(name=name, message=message))
+        return True
 
     def publish(
         self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None

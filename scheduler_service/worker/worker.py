@@ -46,7 +46,9 @@ INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length = poll interval (default 
 RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5 s to stop (default 2 s)
 PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
 
-AWAITING = "AwaitingGPUs"
+TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
+ADMITTED = "Admitted"
+AWAITING = "Waiting"
 PROFILING = "Profiling"
 REJECTED = "Rejected"
 
@@ -129,6 +131,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._history: dict[str, list[dict[str, str]]] = {}  # allocation history per run, for its artifact
         self._artifacts: dict[str, Any] = {}  # run id -> artifact id
         self._adopted: set[str] = set()  # running runs found after a restart (not our children)
+        self._flow_names: dict[Any, str] = {}  # flow id -> flow name
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
@@ -160,6 +163,7 @@ class ElasticFlowWorker(ProcessWorker):
         responses = await self._get_scheduled_flow_runs()
         self._last_polled_time = datetime.now(timezone.utc)  # type: ignore[assignment]
         now = self.clock()
+        launches = []
         for entry in responses:
             run_id = str(entry.flow_run.id)
             self._responses[run_id] = entry
@@ -167,6 +171,11 @@ class ElasticFlowWorker(ProcessWorker):
             if run_id in self._seen or (start is not None and start.timestamp() > now):
                 continue
             self._seen.add(run_id)
+            if await self._flow_name(entry.flow_run) != TRAIN_FLOW:
+                self._logger.info("launching flow run %s (%s): not a training run, it needs no GPUs",
+                                  run_id, entry.flow_run.name)
+                launches.append(entry)
+                continue
             await self._take_in(entry.flow_run, now)
         await self._forget_vanished({str(entry.flow_run.id) for entry in responses})
         await self._watch_adopted()
@@ -174,7 +183,6 @@ class ElasticFlowWorker(ProcessWorker):
         result = self.scheduler.plan(now)
         if result is not None:
             await self._publish(result, now)
-        launches = []
         for action in self.scheduler.actuate(now):
             if await self._apply(action, now):
                 launches.append(self._responses[action.run_id])
@@ -267,6 +275,18 @@ class ElasticFlowWorker(ProcessWorker):
             if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
                 self._logger.info("flow run %s left the queue before it got GPUs; forgetting it", run_id)
                 await self._finished(run_id)
+
+    async def _flow_name(self, flow_run: FlowRun) -> str:
+        """The name of the run's flow: only `train` runs are scheduled; a pipeline
+        deployed to the same pool (it calls `train` as a subflow) runs at once."""
+        if flow_run.flow_id not in self._flow_names:
+            try:
+                self._flow_names[flow_run.flow_id] = (await self.client.read_flow(flow_run.flow_id)).name
+            except Exception:
+                self._logger.warning("could not read the flow of run %s; scheduling it as training", flow_run.id,
+                                     exc_info=True)
+                return TRAIN_FLOW
+        return self._flow_names[flow_run.flow_id]
 
     def clock(self) -> float:
         """Now, on the policy's clock: epoch seconds."""
@@ -416,6 +436,8 @@ class ElasticFlowWorker(ProcessWorker):
         entry = self._responses.get(run_id)  # none for a run adopted after a restart
         logger = self.get_flow_run_logger(entry.flow_run) if entry is not None else self._logger
         logger.info("ElasticFlow: %s", decision.message)
+        if entry is not None:
+            await self._wait_state(entry.flow_run.id, ADMITTED, now, decision.message)
         await self._record(run_id, "admitted", (), share=share, guaranteed_finish=decision.guaranteed_finish)
 
     async def _reject(self, flow_run: FlowRun, reason: str, message: str, earliest: float | None, now: float,
@@ -507,13 +529,19 @@ class ElasticFlowWorker(ProcessWorker):
             self._logger.warning("could not update the allocation artifact of %s", run_id, exc_info=True)
 
     async def _wait_state(self, flow_run_id: Any, name: str, now: float, why: str) -> None:
-        """Put a run in a named Scheduled state, once per name (each write is a state row)."""
+        """Put a run that has not started in a named Scheduled state, once per name
+        (each write is a state row). Forced, since the pool's own rules would
+        refuse Scheduled -> Scheduled; so first make sure the run is still
+        Scheduled: a run cancelled in the UI must stay cancelled."""
         run_id = str(flow_run_id)
         if self._state_name.get(run_id) == name:
             return
         self._state_name[run_id] = name
         scheduled = datetime.fromtimestamp(now, timezone.utc)
         try:
+            current = (await self.client.read_flow_run(flow_run_id)).state
+            if current is None or not current.is_scheduled():
+                return
             await self.client.set_flow_run_state(
                 flow_run_id, Scheduled(name=name, scheduled_time=scheduled, message=why), force=True
             )

@@ -31,6 +31,14 @@ def _allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
     return [(r.action, r.gpus) for r in rows]
 
 
+def _state_names(run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(run_id)  # type: ignore[arg-type]
+    return [state.name for state in sorted(states, key=lambda state: state.timestamp)]
+
+
 def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first(stack: Stack) -> None:
     """One flow run alone gets both slots; a malformed arrival is rejected without
     touching it; a deadline run that must start now takes one of its slots (the
@@ -68,6 +76,10 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
     history = stack.allocation_artifact(first)
     for action in ("admitted", "launch", "rescale", "release"):
         assert f"| {action} |" in history
+    names = _state_names(first)
+    assert names[:2] == ["Scheduled", "Admitted"] and names[-1] == "Completed"
+    rescaling = names.index("Rescaling")  # shown while it checkpoints and moves, then back to Running
+    assert names[rescaling + 1] == "Running"
 
 
 @pytest.mark.parametrize(
@@ -99,7 +111,7 @@ def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_plac
     patient = stack.submit(iterations=50, checkpoint_interval=500)
     dropped = stack.submit(iterations=50, checkpoint_interval=500)
     for run_id in (patient, dropped):
-        stack.wait_until(lambda r=run_id: stack.flow_run(r).state.name == "AwaitingGPUs", 60,
+        stack.wait_until(lambda r=run_id: stack.flow_run(r).state.name == "Waiting", 60,
                          f"{run_id} to wait for GPUs")
     assert stack.flow_run(patient).labels["elasticflow.mss"] == "best-effort"
 

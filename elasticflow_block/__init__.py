@@ -30,7 +30,23 @@ _LAZY = {
     "train_model": "elasticflow_block.pipeline",
 }
 
-__all__ = ["CheckpointCorrupt", "CheckpointInfo", "CheckpointStorage", *_LAZY]
+__all__ = [
+    "CheckpointCorrupt",
+    "CheckpointInfo",
+    "CheckpointStorage",
+    "CheckpointStore",
+    "DeadlinePlan",
+    "DownstreamStep",
+    "HistoryPolicy",
+    "SLATooClose",
+    "TrainedModel",
+    "TrainingError",
+    "TrainingFailed",
+    "TrainingRejected",
+    "derive_deadline",
+    "resolve_sla",
+    "train_model",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -37,7 +37,7 @@ class SLATooClose(ValueError):
     Raised before anything is submitted; `plan` says where the time went.
     """
 
-    def __init__(self, plan: "DeadlinePlan", now: datetime) -> None:
+    def __init__(self, plan: DeadlinePlan, now: datetime) -> None:
         self.plan, self.now = plan, now
         steps = ", ".join(f"{s.name} {s.expected} ({s.source})" for s in plan.downstream) or "none"
         super().__init__(
@@ -109,12 +109,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def expected_duration(durations_s: Sequence[float], policy: HistoryPolicy = HistoryPolicy()) -> timedelta | None:
+def expected_duration(durations_s: Sequence[float], policy: HistoryPolicy | None = None) -> timedelta | None:
     """The time to reserve for a step whose recent runs took `durations_s` (newest first).
 
     Looks at the newest `last_n` only, so a step that got faster stops being
     over-reserved; None when there is no history (the caller falls back, and says so).
     """
+    policy = policy or HistoryPolicy()
     recent = [d for d in durations_s[: policy.last_n] if d >= 0]
     if not recent:
         return None
@@ -125,8 +126,9 @@ def expected_duration(durations_s: Sequence[float], policy: HistoryPolicy = Hist
     return timedelta(seconds=value * policy.safety_factor)
 
 
-def step_from_history(name: str, durations_s: Sequence[float], policy: HistoryPolicy = HistoryPolicy()) -> DownstreamStep:
+def step_from_history(name: str, durations_s: Sequence[float], policy: HistoryPolicy | None = None) -> DownstreamStep:
     """A downstream step learned from its past durations, or the policy's fallback when it has none."""
+    policy = policy or HistoryPolicy()
     expected = expected_duration(durations_s, policy)
     if expected is None:
         return DownstreamStep(name=name, expected=policy.fallback, source="fallback")

@@ -7,8 +7,9 @@ Users name a model, its hyperparameters and a deadline; never a GPU count:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ENTRYPOINT = "flows/train.py:train"

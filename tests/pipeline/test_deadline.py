@@ -18,7 +18,13 @@ from elasticflow_block.deadline import (
     resolve_sla,
     step_from_history,
 )
-from elasticflow_block.pipeline import TrainingRejected, TrainRequest, _split_downstream, parse_rejection, train_model
+from elasticflow_block.pipeline import (
+    TrainingRejected,
+    TrainRequest,
+    _split_downstream,
+    parse_rejection,
+    train_model,
+)
 
 NOW = datetime(2026, 11, 30, 15, 0, tzinfo=timezone.utc)
 SLA = datetime(2026, 12, 1, 6, 0, tzinfo=timezone.utc)

@@ -1,0 +1,17 @@
+"""The service test stack (real Prefect server, `gpus` pool, `train/mlp`, the
+worker as a separate process), plus the example pipeline deployed as
+`pipeline/daily` by the same function `elasticflow up` calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.service.conftest import POOL, Stack, stack  # noqa: F401  (the fixture is reused by name)
+
+
+@pytest.fixture(scope="session")
+def pipeline_stack(stack: Stack) -> Stack:  # noqa: F811
+    from scheduler_service.service.deployments import deploy_pipeline
+
+    deploy_pipeline(POOL)
+    return stack

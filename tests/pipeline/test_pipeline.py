@@ -1,0 +1,95 @@
+"""`train_model` and the example pipeline against the real stack: a Prefect
+server, the `elasticflow` worker as its own process, `train/mlp` on 2 CPU slots
+with a seeded throughput curve (20 it/s on one slot, 36 on two)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from prefect import flow, task
+
+from elasticflow_block import HistoryPolicy, TrainingRejected, train_model
+from elasticflow_block.pipeline import learn_steps
+from tests.service.conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+
+@flow(name="too-ambitious")
+def too_ambitious() -> None:
+    # 1e7 iterations at 36 it/s is about 77 hours; the SLA leaves 60 s.
+    train_model("mlp", {"global_batch_size": 32}, sla="+3m", downstream={"evaluate": 60.0},
+                iterations=10**7, margin=timedelta(seconds=60), poll_interval_s=0.5)
+
+
+def test_a_rejected_deadline_raises_the_typed_error_with_reason_and_earliest_deadline(stack: Stack) -> None:
+    started = datetime.now(timezone.utc)
+    with pytest.raises(TrainingRejected) as caught:
+        too_ambitious()
+    rejected = caught.value
+    assert rejected.reason == "infeasible_even_on_an_idle_cluster"
+    assert rejected.message.startswith("infeasible_even_on_an_idle_cluster: ")
+    assert rejected.earliest_feasible_deadline is not None
+    assert 70 * 3600 < (rejected.earliest_feasible_deadline - started).total_seconds() < 90 * 3600
+    assert rejected.earliest_feasible_sla == rejected.earliest_feasible_deadline + timedelta(minutes=2)
+    assert rejected.plan is not None and rejected.plan.deadline < started + timedelta(minutes=2)
+    run = stack.flow_run(rejected.flow_run_id)
+    assert run.state.name == "Rejected" and run.parent_task_run_id is not None  # a subflow run of the caller
+
+
+@task(name="evaluate")
+def _evaluate_probe(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@flow(name="history-probe")
+def _history_probe(seconds: float) -> None:
+    _evaluate_probe(seconds)
+
+
+def test_downstream_times_are_learned_from_completed_task_runs_of_the_flow(stack: Stack) -> None:
+    for seconds in (0.2, 0.4, 0.3):
+        _history_probe(seconds)
+    policy = HistoryPolicy(statistic="max", safety_factor=2.0, fallback=timedelta(minutes=3))
+    evaluate, register = learn_steps(["evaluate", "register"], policy, "history-probe")
+    assert evaluate.source == "history" and evaluate.samples == 3
+    assert timedelta(seconds=0.8) <= evaluate.expected < timedelta(seconds=3)  # max 0.4 s (+ overhead) x 2
+    assert (register.source, register.expected) == ("fallback", timedelta(minutes=3))
+    (elsewhere,) = learn_steps(["evaluate"], policy, "another-pipeline")  # another flow's history is not ours
+    assert elsewhere.source == "fallback"
+
+
+def test_the_daily_pipeline_trains_admitted_evaluates_the_checkpoint_and_registers_it(pipeline_stack: Stack) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    stack = pipeline_stack
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("pipeline/daily")
+        runs_before = {str(r.id) for r in client.read_flow_runs()}
+    assert deployment.work_pool_name == "gpus" and deployment.parameters == {"sla": "06:00Z"}
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 1 * * *"]
+
+    pipeline = run_deployment("pipeline/daily", parameters={"sla": "+5m"}, timeout=0)
+    done = stack.wait_final(str(pipeline.id), 150)
+    assert done.state.is_completed(), f"{done.state!r}\n{stack.log_tail()}"
+
+    latest = json.loads((stack.home / "registry" / "mlp" / "latest.json").read_text())
+    assert latest["pipeline_flow_run_id"] == str(pipeline.id)
+    assert latest["met_sla"] is True and latest["iteration"] == 300
+    assert latest["metrics"]["accuracy"] > 0.3  # ten classes: chance is 0.1
+    assert Path(latest["checkpoint"]).exists()
+    assert datetime.fromisoformat(latest["training_deadline"]) < datetime.fromisoformat(latest["sla"])
+
+    train = stack.flow_run(latest["train_flow_run_id"])
+    assert str(train.id) not in runs_before
+    assert train.state.is_completed() and train.labels.get("elasticflow.mss") not in (None, "best-effort")
+    with get_client(sync_client=True) as client:
+        parent = client.read_task_run(train.parent_task_run_id)
+        evaluate = [t for t in client.read_task_runs() if t.flow_run_id == pipeline.id and t.name.startswith("evaluate")]
+    assert parent.flow_run_id == pipeline.id  # the training run is a subflow of the pipeline run
+    assert evaluate and evaluate[0].state.is_completed()

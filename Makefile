@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo compare test install clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/elasticflow demo
+
+compare: $(STAMP)
+	$(BIN)/elasticflow compare
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

@@ -1,15 +1,13 @@
-"""`elasticflow up` (the local stack in the foreground) and `elasticflow status`
-(the cluster's GPU map and every job's share, progress and projected finish)."""
+"""`elasticflow up` (the local stack in the foreground), `elasticflow demo` (the
+stack driven end to end) and `elasticflow status` (the cluster's GPU map and
+every job's share, progress and projected finish)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +19,6 @@ from scheduler_service.cli import app
 
 console = Console()
 errors = Console(stderr=True)
-POOL = "gpus"
 
 
 def _home(home: Optional[Path]) -> Path:
@@ -31,117 +28,69 @@ def _home(home: Optional[Path]) -> Path:
     return chosen
 
 
-def _stack_env(home: Path, port: int) -> dict[str, str]:
-    return {
-        "ELASTICFLOW_HOME": str(home),
-        "PREFECT_HOME": str(home / "prefect"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    }
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the Prefect server exited with status {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the Prefect server did not answer at {url} within {timeout_s:.0f} s")
-
-
-def _default_signals() -> None:
-    """In the child: Ctrl-C and SIGTERM act, even if our parent ignored them."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "prefect", *args], env={**os.environ, **env}, stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_default_signals,
-    )
-
-
-def _stop(process: subprocess.Popen[bytes] | None, name: str) -> None:
-    """SIGINT, then SIGTERM to the process group (the worker's flow runs too),
-    then SIGKILL by PID group if it does not go."""
-    if process is None:
-        return
-    for sig, wait_s in ((signal.SIGINT, 8.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # children that outlived the leader
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    console.print(f"stopped {name}")
-
-
 @app.command()
 def up(
     port: int = typer.Option(4200, "--port", help="port of the local Prefect server (bound to 127.0.0.1)"),
     home: Optional[Path] = typer.Option(None, "--home", help="state folder (default: $ELASTICFLOW_HOME or ~/.elasticflow)"),
 ) -> None:
     """Run the local stack in the foreground: Prefect server (SQLite), the `gpus`
-    work pool, deployments train/<model>, the ElasticFlow worker. Ctrl-C stops it."""
+    work pool, deployments train/<model> and pipeline/daily, the ElasticFlow
+    worker. Ctrl-C stops it."""
+    from scheduler_service.service.stack import local_stack
+
     home = _home(home)
-    env = _stack_env(home, port)
-    os.environ.update(env)
-    logs = home / "logs"
-    logs.mkdir(exist_ok=True)
-    server = worker = None
-    stopping = False
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    console.print(f"starting Prefect server on 127.0.0.1:{port} (home {home})")
     try:
-        console.print(f"starting Prefect server on 127.0.0.1:{port} (home {home})")
-        server = _spawn(["server", "start", "--host", "127.0.0.1", "--port", str(port)], env, logs / "server.log")
-        _wait_healthy(env["PREFECT_API_URL"], server)
-        import asyncio
-
-        from scheduler_service.service.deployments import MODELS, deploy, ensure_pool
-
-        asyncio.run(ensure_pool(POOL))
-        deployed = deploy(POOL, MODELS)
-        console.print(f"work pool {POOL!r} (type elasticflow); deployments: {', '.join(deployed)}")
-        worker = _spawn(["worker", "start", "--pool", POOL], env, logs / "worker.log")
-        console.print(
-            f"ElasticFlow worker started (log {logs / 'worker.log'}). UI: http://127.0.0.1:{port}\n"
-            f"  PREFECT_API_URL={env['PREFECT_API_URL']} prefect deployment run train/mlp "
-            "--param iterations=200 --param deadline=+10m\n"
-            "Ctrl-C stops everything."
-        )
-        while True:
-            for process, name in ((server, "server"), (worker, "worker")):
-                if process.poll() is not None:
-                    raise RuntimeError(f"the {name} exited with status {process.returncode}; see {logs}")
-            time.sleep(1.0)
+        with local_stack(home, port) as stack:
+            console.print(
+                f"work pool 'gpus' (type elasticflow); deployments: {', '.join(stack.deployments)}\n"
+                f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"
+                f"  PREFECT_API_URL={stack.api_url} prefect deployment run train/mlp "
+                "--param iterations=200 --param deadline=+10m\n"
+                "Ctrl-C stops everything."
+            )
+            while True:
+                stack.check()
+                time.sleep(1.0)
     except KeyboardInterrupt:
-        stopping = True
+        console.print("stopped")
     except RuntimeError as exc:
         errors.print(f"error: {exc}")
-    finally:
-        _stop(worker, "worker")
-        _stop(server, "server")
-    if not stopping:
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def demo(
+    port: int = typer.Option(0, "--port", help="port of the local Prefect server (default: a free one)"),
+    home: Optional[Path] = typer.Option(None, "--home", help="state folder (default: a new temporary one)"),
+) -> None:
+    """The real thing on this machine: start the stack, submit training runs with
+    deadlines (one infeasible, one that forces a resize), show every decision and
+    GPU change, each run's outcome, then stop. Exits 1 if an admitted run failed
+    or missed its deadline."""
+    import tempfile
+
+    from scheduler_service.service.demo import run_demo
+    from scheduler_service.service.stack import free_port
+
+    chosen = _home(home or Path(tempfile.mkdtemp(prefix="elasticflow-demo-")))
+    signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        ok = run_demo(chosen, port or free_port(), console)
+    except KeyboardInterrupt:
+        errors.print("interrupted; the stack is stopped")
+        raise typer.Exit(130) from None
+    except (RuntimeError, TimeoutError) as exc:
+        errors.print(f"error: {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"state, logs and checkpoints: {chosen}")
+    if not ok:
         raise typer.Exit(1)
 
 

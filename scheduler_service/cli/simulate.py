@@ -1,4 +1,4 @@
-"""`elasticflow simulate` and `elasticflow demo`: run policies on a trace."""
+"""`elasticflow simulate` and `elasticflow compare`: run policies on a trace."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def simulate(
 
 
 @app.command()
-def demo() -> None:
+def compare() -> None:
     """The paper's main comparison on the Philly-derived trace (256 A100 GPUs)."""
     console.print("ElasticFlow vs EDF on philly_103959 (876 jobs, 32 nodes x 8 A100), interval 60 s\n")
     experiment = Experiment(resolve("philly_103959", "traces"), resolve("n32g8", "clusters"), resolve("A100", "throughputs"), 60.0)

@@ -1,0 +1,190 @@
+"""`elasticflow demo`: the platform end to end on this machine.
+
+Starts the local stack (Prefect server on SQLite, the `gpus` pool, the
+ElasticFlow worker on this machine's GPUs or CPU slots), then submits training
+runs the way a user would, with a model, iterations and a deadline:
+
+1. `first-use`: a model the service has never seen: it profiles the model's
+   throughput (state `Profiling`), admits the run and trains it.
+2. `long`: a long run with a loose deadline; alone, it gets every slot the
+   profile says pays off.
+3. `infeasible`: ten hours of work due in ten minutes: `Rejected` at once,
+   with the earliest deadline that could be met.
+4. `urgent`: a run that must start now to make its deadline: `long` is
+   shrunk (checkpoint, `Rescaling`, same flow run) to make room.
+
+Run sizes come from the profile measured in step 1, so the story holds on a
+laptop's CPU as on a GPU node. Every state change, decision and GPU change is
+printed as it happens; at the end, each run's outcome against its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# A model whose throughput grows with a second slot even on CPU (compute
+# dominates the all-reduce at this batch), so the demo can show a resize.
+MODEL = "mlp"
+HYPERPARAMETERS: dict[str, Any] = {"global_batch_size": 512}
+MODEL_KWARGS: dict[str, Any] = {"hidden": 512, "depth": 3}
+SETTINGS = {"ELASTICFLOW_INTERVAL_S": "5", "ELASTICFLOW_RESTART_S": "2"}
+
+
+@dataclass
+class DemoRun:
+    role: str
+    flow_run_id: str
+    deadline: datetime | None
+    seen_states: list[str] = field(default_factory=list)
+    seen_allocations: int = 0
+
+
+@dataclass
+class Demo:
+    console: Console
+    home: Path
+    started: float = field(default_factory=time.time)
+    runs: list[DemoRun] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[dim]{time.time() - self.started:6.1f}s[/dim]  {text}", highlight=False)
+
+    # -- submitting ------------------------------------------------------------
+    def submit(self, role: str, iterations: int, deadline: datetime | None) -> DemoRun:
+        from prefect.deployments import run_deployment
+
+        parameters: dict[str, Any] = {
+            "iterations": iterations, "hyperparameters": HYPERPARAMETERS, "model_kwargs": MODEL_KWARGS,
+            "checkpoint_interval": max(10, iterations // 10),
+        }
+        if deadline is not None:
+            parameters["deadline"] = deadline.isoformat()
+        flow_run = run_deployment(f"train/{MODEL}", parameters=parameters, timeout=0, flow_run_name=f"demo-{role}")
+        run = DemoRun(role, str(flow_run.id), deadline)  # type: ignore[union-attr]
+        self.runs.append(run)
+        due = f"due {deadline:%H:%M:%S} UTC" if deadline else "best-effort"
+        self.say(f"[bold]submitted demo-{role}[/bold]: {MODEL}, {iterations} iterations, {due}")
+        return run
+
+    # -- watching --------------------------------------------------------------
+    def watch(self, until: Any, timeout_s: float) -> None:
+        """Print every new state and GPU change of the demo runs until `until()`."""
+        end = time.time() + timeout_s
+        while time.time() < end:
+            self._poll()
+            if until():
+                return
+            time.sleep(1.0)
+        raise TimeoutError(f"the demo waited {timeout_s:.0f} s; see {self.home / 'logs'}")
+
+    def _poll(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        from scheduler_service.worker.store import ServiceStore
+
+        store = ServiceStore()
+        with get_client(sync_client=True) as client:
+            for run in self.runs:
+                states = sorted(client.read_flow_run_states(run.flow_run_id),  # type: ignore[arg-type]
+                                key=lambda s: s.timestamp)
+                for state in states[len(run.seen_states):]:
+                    run.seen_states.append(state.name or state.type.value)
+                    if state.name in ("Scheduled", "Pending"):
+                        continue
+                    message = f": {state.message}" if state.message else ""
+                    self.say(f"demo-{run.role:<10} [bold]{state.name}[/bold]{message}")
+                allocations = store.allocations(run.flow_run_id)
+                for record in allocations[run.seen_allocations:]:
+                    gpus = record.gpus or "none"
+                    self.say(f"demo-{run.role:<10} GPUs: {record.action} -> {gpus}")
+                run.seen_allocations = len(allocations)
+
+    def final(self, run: DemoRun) -> Any:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            flow_run = client.read_flow_run(run.flow_run_id)  # type: ignore[arg-type]
+        return flow_run if flow_run.state is not None and flow_run.state.is_final() else None
+
+    def iteration(self, run: DemoRun) -> int:
+        import json
+
+        path = self.home / "control" / run.flow_run_id / "status.json"
+        try:
+            return int(json.loads(path.read_text()).get("iteration", 0))
+        except (OSError, ValueError):
+            return 0
+
+    # -- the outcome -----------------------------------------------------------
+    def summary(self) -> bool:
+        """Print each run's outcome; True if every admitted run finished by its deadline."""
+        from scheduler_service.worker.store import ServiceStore
+
+        store = ServiceStore()
+        table = Table(title="outcomes")
+        for column in ("run", "decision", "MSS", "GPU sets", "finished", "deadline", "met"):
+            table.add_column(column)
+        ok = True
+        for run in self.runs:
+            flow_run = self.final(run)
+            decisions = store.decisions(run.flow_run_id)
+            decision = decisions[-1] if decisions else None
+            admitted = bool(decision and decision.admitted)
+            sets = [r.gpus for r in store.allocations(run.flow_run_id) if r.action in ("launch", "rescale")]
+            end = flow_run.end_time if flow_run is not None else None
+            state = flow_run.state.name if flow_run is not None else "not finished"
+            if not admitted:
+                met = "-"
+            elif state != "Completed":
+                met, ok = f"no ({state})", False
+            elif run.deadline is not None and end is not None and end > run.deadline:
+                met, ok = f"no, late by {(end - run.deadline).total_seconds():.0f} s", False
+            else:
+                met = "yes"
+            reason = decision.reason if decision and decision.reason else ""
+            table.add_row(
+                f"demo-{run.role}", "admitted" if admitted else f"rejected ({reason})",
+                "" if decision is None or decision.share is None else str(decision.share),
+                " -> ".join(sets) or "-", f"{end:%H:%M:%S}" if end else state,
+                f"{run.deadline:%H:%M:%S}" if run.deadline else "-", met,
+            )
+        self.console.print(table)
+        return ok
+
+
+def run_demo(home: Path, port: int, console: Console) -> bool:
+    """The demo; True if every admitted run met its deadline."""
+    from scheduler_service.service.stack import local_stack
+    from scheduler_service.store import get_curve
+
+    now = lambda: datetime.now(timezone.utc)  # noqa: E731
+    demo = Demo(console, home)
+    with local_stack(home, port, env=SETTINGS, models=(MODEL,), schedules=False) as stack:
+        demo.say(f"stack up: Prefect UI {stack.ui_url}, work pool 'gpus', worker log {stack.logs / 'worker.log'}")
+        first = demo.submit("first-use", 40, now() + timedelta(minutes=10))
+        demo.watch(lambda: demo.final(first) is not None, 600)
+        stack.check()
+        curve = get_curve(MODEL, HYPERPARAMETERS["global_batch_size"]) or {}
+        if not curve:
+            raise RuntimeError("the service stored no throughput profile; see the worker log")
+        best = max(curve.values())
+        rates = ", ".join(f"{g}: {r:.1f} it/s" for g, r in sorted(curve.items()))
+        demo.say(f"profile of {MODEL} @ batch {HYPERPARAMETERS['global_batch_size']} on this machine: {rates}")
+        if max(curve, key=lambda g: curve[g]) == 1:
+            demo.say("a second slot does not pay off here, so `long` keeps one slot and no resize is needed")
+
+        long = demo.submit("long", int(best * 90), now() + timedelta(minutes=15))
+        demo.watch(lambda: demo.iteration(long) > 0 or demo.final(long) is not None, 300)
+        demo.submit("infeasible", int(best * 36000), now() + timedelta(minutes=10))
+        demo.submit("urgent", int(curve.get(1, best) * 30), now() + timedelta(seconds=120))
+        demo.watch(lambda: all(demo.final(r) is not None for r in demo.runs), 900)
+        ok = demo.summary()
+        demo.say("stopping the stack")
+    return ok

@@ -333,7 +333,8 @@ def _publish_plan(plan: DeadlinePlan) -> None:
 def train_model(
     model: str,
     hyperparameters: dict[str, Any] | None = None,
-    sla: datetime | str = "+1h",
+    *,
+    sla: datetime | str,
     downstream: Mapping[str, timedelta | float | None] | Sequence[str] = (),
     after: Sequence[Any] = (),
     iterations: int | None = None,
@@ -349,6 +350,9 @@ def train_model(
     now: datetime | None = None,
 ) -> TrainedModel:
     """Train `model` so that the pipeline meets `sla`; return the trained checkpoint.
+
+    Everything after `hyperparameters` is keyword-only, and `sla` has no
+    default: a pipeline states when its result is due.
 
     - `sla`: when the pipeline's result is due: ISO-8601 with a zone, `+2h`, or
       a time of day (`06:00Z`, next occurrence).

@@ -29,7 +29,10 @@ def database_url() -> str:
 
 @lru_cache(maxsize=8)
 def _engine_for(url: str) -> Engine:
-    engine = create_engine(url)
+    # Timestamps are stored without a zone and read as UTC: make a PostgreSQL
+    # session speak UTC whatever the server's own time zone.
+    connect_args = {"options": "-c timezone=UTC"} if url.startswith("postgresql") else {}
+    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
     # Importing the table modules registers them on SQLModel.metadata.
     from scheduler_service.store import throughput  # noqa: F401
 

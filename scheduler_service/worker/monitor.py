@@ -75,12 +75,14 @@ class Outlook(str, Enum):
     BEST_EFFORT = "best-effort"
 
 
+# Colour from emoji where the viewer has an emoji font; the words (bold when
+# someone should act) carry the meaning where it has none.
 _MARK = {
     Outlook.ON_TRACK: "🟢 on track",
-    Outlook.AT_RISK: "🟠 at risk",
-    Outlook.LATE: "🔴 late",
+    Outlook.AT_RISK: "🟠 **at risk**",
+    Outlook.LATE: "🔴 **late**",
     Outlook.MET: "✅ met",
-    Outlook.MISSED: "❌ missed",
+    Outlook.MISSED: "❌ **missed**",
     Outlook.UNKNOWN: "⚪ no projection",
     Outlook.BEST_EFFORT: "⚪ best-effort",
 }
@@ -200,20 +202,22 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     """The jobs table, earliest deadline first, best-effort jobs last."""
     if not snapshot.jobs:
         return "_No jobs._"
-    header = ["job", "model", "status", "MSS", "GPUs", "progress", "projected finish", "deadline", "outlook"]
+    # The outlook comes second: the Prefect UI shows wide tables in a narrow
+    # column and scrolls the rest out of sight.
+    header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs", "status", "model"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for job in sorted(snapshot.jobs, key=_order):
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
         cells = [
             f"{_cell(job.name)} `{job.flow_run_id[:8]}`",
-            _cell(job.model),
-            _cell(job.status),
-            "best-effort" if job.share is None else str(job.share),
-            gpus,
+            _MARK[outlook(job, snapshot.at, margin)],
             _progress(job),
             _when(job.projected_finish, snapshot.at),
             _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
-            _MARK[outlook(job, snapshot.at, margin)],
+            "best-effort" if job.share is None else str(job.share),
+            gpus,
+            _cell(job.status),
+            _cell(job.model),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -221,7 +225,8 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
 
 def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:
     """The whole cluster view as markdown: a summary line, the GPU map by node and
-    the jobs table with each job's outlook against its deadline."""
+    the jobs table with each job's outlook against its deadline. Times are UTC,
+    with how far they are from `snapshot.at`."""
     at = _utc(snapshot.at).astimezone(timezone.utc)
     busy = len({g for job in snapshot.jobs for g in job.gpus})
     outlooks = [outlook(job, snapshot.at, margin) for job in snapshot.jobs]
@@ -230,13 +235,31 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
                f"{len(snapshot.jobs)} job{'s' if len(snapshot.jobs) != 1 else ''}")
     if counts:
         summary += " · " + ", ".join(counts)
-    return "\n".join([
-        "# ElasticFlow cluster", "", summary, "",
+    return "\n".join([  # no title: the artifact's description is shown above it
+        f"**{summary}**", "",
         "## GPUs", "", gpu_map_markdown(snapshot), "",
         "## Jobs", "", jobs_markdown(snapshot, margin), "",
         f"_MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
         f"At risk: projected finish within {_duration(margin)} of the deadline._",
     ])
+
+
+def samples_from_changes(changes: list[tuple[datetime, str, int]]) -> list[AllocationSample]:
+    """Cumulative samples from per-run changes `(at, run, GPUs it holds from then
+    on)`, such as the `ef_allocation` rows (launch, rescale, park: the set's
+    size; release: 0). One sample per distinct time, runs at 0 dropped."""
+    held: dict[str, int] = {}
+    samples: list[AllocationSample] = []
+    for at, run, gpus in sorted(changes, key=lambda c: _utc(c[0])):
+        if gpus > 0:
+            held[run] = gpus
+        else:
+            held.pop(run, None)
+        if samples and _utc(samples[-1].at) == _utc(at):
+            samples[-1] = AllocationSample(at=at, gpus=dict(held))
+        else:
+            samples.append(AllocationSample(at=at, gpus=dict(held)))
+    return samples
 
 
 def plotted_jobs(samples: list[AllocationSample], until: datetime | None = None,

@@ -21,6 +21,7 @@ from scheduler_service.worker.monitor import (
     jobs_markdown,
     outlook,
     plotted_jobs,
+    samples_from_changes,
 )
 
 T0 = datetime(2026, 11, 30, 15, 0, tzinfo=timezone.utc)
@@ -109,19 +110,20 @@ def test_jobs_are_listed_earliest_deadline_first_with_best_effort_last_and_their
     rows = table_rows(text, "job")
     assert [row[0].split()[0] for row in rows] == ["doomed", "tight", "relaxed", "best"]
     by_name = {row[0].split()[0]: row for row in rows}
-    assert by_name["doomed"][-1] == "🔴 late"
-    assert by_name["tight"][-1] == "🟠 at risk"
-    assert by_name["relaxed"][-1] == "🟢 on track"
-    assert by_name["best"][-1] == "⚪ best-effort"
-    assert by_name["best"][3] == "best-effort" and by_name["best"][7] == "none"
-    assert by_name["relaxed"][3] == "1"  # MSS
-    assert by_name["relaxed"][4] == "2 (0,1)"  # GPUs held
-    assert by_name["relaxed"][5] == "25% (250/1000)"
-    assert by_name["tight"][5] == "33% (1/3)"
-    assert by_name["relaxed"][6] == "15:10:00 (in 10m00s)"
-    assert by_name["relaxed"][7] == "16:00:00 (in 1h00m)"
+    assert by_name["doomed"][1] == "🔴 **late**"
+    assert by_name["tight"][1] == "🟠 **at risk**"
+    assert by_name["relaxed"][1] == "🟢 on track"
+    assert by_name["best"][1] == "⚪ best-effort"
+    assert by_name["best"][5] == "best-effort" and by_name["best"][4] == "none"
+    assert by_name["relaxed"][5] == "1"  # MSS
+    assert by_name["relaxed"][6] == "2 (0,1)"  # GPUs held
+    assert by_name["relaxed"][2] == "25% (250/1000)"
+    assert by_name["tight"][2] == "33% (1/3)"
+    assert by_name["relaxed"][3] == "15:10:00 (in 10m00s)"
+    assert by_name["relaxed"][4] == "16:00:00 (in 1h00m)"
     assert by_name["relaxed"][0] == "relaxed `relaxed-`"  # flow run id, short
     assert "4/4 GPUs busy" in text and "4 jobs" in text and "1 late, 1 at risk" in text
+    assert rows[0][1] == "🔴 **late**"  # the marker stays near the left: the UI scrolls wide tables
 
 
 def test_gpu_map_shows_each_node_and_the_holder_of_each_gpu() -> None:
@@ -155,8 +157,8 @@ def test_names_with_pipes_do_not_break_the_tables() -> None:
 def test_times_far_off_carry_their_date_and_past_ones_say_ago() -> None:
     view = snapshot(job("a", deadline=s(3 * 86400), projected_finish=s(-30), status="running"), at=0)
     (row,) = table_rows(jobs_markdown(view), "job")
-    assert row[7] == "2026-12-03 15:00:00 (in 3d0h)"
-    assert row[6] == "14:59:30 (30s ago)"
+    assert row[4] == "2026-12-03 15:00:00 (in 3d0h)"
+    assert row[3] == "14:59:30 (30s ago)"
 
 
 def test_progress_is_clamped_and_unknown_totals_show_a_dash() -> None:
@@ -164,8 +166,8 @@ def test_progress_is_clamped_and_unknown_totals_show_a_dash() -> None:
         job("over", deadline=s(1), iterations_done=12, iterations_total=10),
         job("unknown", deadline=s(2), iterations_done=5, iterations_total=0),
     )), "job")
-    assert rows[0][5] == "100% (12/10)"
-    assert rows[1][5] == "-"
+    assert rows[0][2] == "100% (12/10)"
+    assert rows[1][2] == "-"
 
 
 # -- the allocation plot ---------------------------------------------------------
@@ -233,3 +235,18 @@ def test_allocation_markdown_embeds_the_png_as_a_data_uri() -> None:
     assert prefix in text and text.endswith(")")
     payload = text.split(prefix, 1)[1][:-1]
     assert base64.b64decode(payload)[:8] == PNG_SIGNATURE
+
+
+def test_samples_from_changes_accumulate_per_run_changes() -> None:
+    changes = [
+        (s(30), "owl", 1), (s(30), "fox", 1),  # same moment: one sample
+        (s(0), "fox", 2),  # out of order
+        (s(80), "owl", 0),
+        (s(80), "fox", 2),
+        (s(120), "fox", 0),
+    ]
+    samples = samples_from_changes(changes)
+    assert [(sample.at, sample.gpus) for sample in samples] == [
+        (s(0), {"fox": 2}), (s(30), {"owl": 1, "fox": 1}), (s(80), {"fox": 2}), (s(120), {}),
+    ]
+    assert samples_from_changes([]) == []

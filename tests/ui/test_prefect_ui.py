@@ -1,0 +1,310 @@
+"""What a user sees in the Prefect UI, checked in a real browser: a Rejected run
+shows its reason, an admitted run shows its allocation-history artifact, and a
+markdown artifact with the allocation plot as a `data:` URI image renders.
+
+The test harness's server does not serve the UI (it starts with
+PREFECT_UI_ENABLED=0), so this starts `prefect server start` on a free port
+of 127.0.0.1 with its own PREFECT_HOME, and the elasticflow worker as in
+tests/service. Headless Chromium comes from the distribution
+(`infra/ensure-chromium.sh`), driven by Playwright's Python package; Playwright
+never downloads a browser here.
+
+ELASTICFLOW_SAVE_SCREENSHOTS=1 writes the screenshots to docs/img/ (else to the
+test's temporary folder, so normal runs leave the tree alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import MLP_CURVE, POOL, ROOT, Stack, _kill_processes_of, _stop
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+SAVE_ENV = "ELASTICFLOW_SAVE_SCREENSHOTS"
+CLUSTER_KEY = "elasticflow-cluster"
+
+
+def find_chromium() -> str | None:
+    """A Chromium from $ELASTICFLOW_CHROMIUM or the PATH; installed with
+    infra/ensure-chromium.sh (apt-get, as root) when there is none."""
+    chosen = os.environ.get("ELASTICFLOW_CHROMIUM")
+    if chosen:
+        return chosen if os.access(chosen, os.X_OK) else None
+    for attempt in range(2):
+        for name in CHROMIUM_NAMES:
+            path = shutil.which(name)
+            if path:
+                return path
+        if attempt == 0:
+            subprocess.run(["sh", str(ROOT / "infra" / "ensure-chromium.sh")], check=False, timeout=600)
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class UiStack:
+    stack: Stack
+    ui_url: str  # the server's root: the UI
+    shots: Path  # where screenshots go
+    chromium: str
+
+
+@pytest.fixture(scope="module")
+def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
+    pytest.importorskip("playwright", reason="playwright is not installed (pip install -e '.[dev]')")
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium found or installable (root and apt-get needed; see infra/ensure-chromium.sh)")
+    base = tmp_path_factory.mktemp("ui")
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {
+        "PREFECT_HOME": str(base / "prefect"),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_UI_API_URL": api_url,
+        # the UI's static files are copied on first start: into our folder, not site-packages
+        "PREFECT_UI_STATIC_DIRECTORY": str(base / "ui-static"),
+        "PREFECT_UI_ENABLED": "true",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "ELASTICFLOW_HOME": str(base / "home"),
+        "ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"),
+        "ELASTICFLOW_INTERVAL_S": "2",
+        "ELASTICFLOW_RESTART_S": "0.5",
+    }
+    server_log = base / "server.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **env}, stdout=open(server_log, "wb"), stderr=subprocess.STDOUT, cwd=base,
+        start_new_session=True,
+    )
+    stack: Stack | None = None
+    try:
+        _wait_healthy(api_url, server, server_log)
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            mp.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+            from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+            from scheduler_service.service.deployments import deploy, ensure_pool
+            from scheduler_service.store import save_curve
+
+            with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: base / "prefect"}):
+                save_curve("mlp", 32, MLP_CURVE)
+                asyncio.run(ensure_pool(POOL))
+                stack = Stack(api_url, base / "home", None, base / "worker.log")  # type: ignore[arg-type]
+                stack.start_worker(base / "worker.log")
+                deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
+                stack.wait_worker_started()
+                shots = ROOT / "docs" / "img" if os.environ.get(SAVE_ENV) == "1" else base / "screenshots"
+                shots.mkdir(parents=True, exist_ok=True)
+                yield UiStack(stack, f"http://127.0.0.1:{port}", shots, chromium)
+    finally:
+        if stack is not None and stack.worker is not None:
+            _stop(stack.worker)
+        _kill_processes_of(base / "home")
+        _stop(server)
+
+
+def _wait_healthy(api_url: str, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"prefect server exited ({server.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"prefect server not healthy after {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def browser(ui_stack: UiStack) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=ui_stack.chromium, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def wait_text(page: Any, text: str, timeout_s: float = 30.0) -> None:
+    """Wait until the page shows `text`; on failure say what it did show."""
+    try:
+        page.get_by_text(text, exact=False).first.wait_for(state="visible", timeout=timeout_s * 1000)
+    except Exception as exc:
+        body = page.inner_text("body")[:3000]
+        raise AssertionError(f"{text!r} not shown on {page.url} within {timeout_s} s; the page shows:\n{body}") from exc
+
+
+@dataclass
+class Runs:
+    rejected: str
+    rejected_message: str
+    admitted: str
+    admitted_name: str
+    cluster_artifact: str  # id of the keyed cluster-view artifact
+
+
+def _cluster_artifact(stack: Stack, run: Any) -> str:
+    """The cluster view for the admitted run, from its real allocation records,
+    as the worker is to publish it: one keyed markdown artifact, created once and
+    then updated in place (an update adds no version)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+    from sqlmodel import Session, select
+
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.monitor import (
+        ClusterSnapshot, JobView, allocation_markdown, cluster_markdown, samples_from_changes,
+    )
+    from scheduler_service.worker.store import AllocationRecord
+
+    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+        rows = session.exec(select(AllocationRecord).where(AllocationRecord.flow_run_id == str(run.id))).all()
+    changes = [(row.at, run.name, len([g for g in row.gpus.split(",") if g])) for row in rows]
+    samples = samples_from_changes(changes)
+    assert samples and samples[0].gpus == {run.name: 2}, changes
+    now = datetime.now(timezone.utc)
+    deadline = samples[0].at.replace(tzinfo=timezone.utc) + timedelta(minutes=10)
+    job = JobView(name=run.name, flow_run_id=str(run.id), model="mlp", status="running", share=1, gpus=[0, 1],
+                  iterations_done=150, iterations_total=300, projected_finish=run.end_time, deadline=deadline)
+    snapshot = ClusterSnapshot(at=now, topology="1 node x 2 CPU slots", nodes=["localhost"], gpus_per_node=2,
+                               jobs=[job])
+    with get_client(sync_client=True) as client:
+        artifact = client.create_artifact(ArtifactCreate(
+            key=CLUSTER_KEY, type="markdown", description="ElasticFlow cluster", data=cluster_markdown(snapshot),
+        ))
+        done = job.model_copy(update=dict(status="finished", gpus=[], iterations_done=300))
+        snapshot = snapshot.model_copy(update=dict(jobs=[done]))
+        data = cluster_markdown(snapshot) + "\n\n" + allocation_markdown(
+            samples, {run.name: deadline}, total_gpus=2, until=now)
+        client.update_artifact(artifact.id, ArtifactUpdate(data=data))
+    return str(artifact.id)
+
+
+@pytest.fixture(scope="module")
+def runs(ui_stack: UiStack) -> Runs:
+    """One run rejected, one admitted and completed, and the cluster artifact,
+    before any browser starts: Playwright's sync API runs an event loop in this
+    thread, under which Prefect's sync-or-async functions return coroutines."""
+    stack = ui_stack.stack
+    rejected = stack.submit(iterations=10**7, deadline="+60s")
+    admitted = stack.submit(iterations=300, deadline="+10m", checkpoint_interval=500)
+    rejected_run = stack.wait_final(rejected, 90)
+    assert rejected_run.state.name == "Rejected", rejected_run.state
+    admitted_run = stack.wait_final(admitted, 180)
+    assert admitted_run.state.is_completed(), admitted_run.state
+    # the worker records the release when it sees the flow process exit, just after Completed
+    stack.wait_until(lambda: "| release |" in stack.allocation_artifact(admitted), 30, "the release in the history")
+    return Runs(rejected, rejected_run.state.message, admitted, admitted_run.name,
+                _cluster_artifact(stack, stack.flow_run(admitted)))
+
+
+def open_tab(page: Any, name: str) -> None:
+    """The run page's tabs are buttons; `?tab=` in the URL is not honoured."""
+    wait_text(page, name)
+    page.get_by_text(name, exact=True).first.click()
+
+
+def test_a_rejected_run_shows_its_reason(runs: Runs, ui_stack: UiStack, page: Any) -> None:
+    """The state badge says Rejected; the reason is the state message, which the
+    3.9.1 UI shows in the Details tab only (truncated behind "See More")."""
+    reason = "infeasible_even_on_an_idle_cluster"
+    assert runs.rejected_message.startswith(reason)
+    page.goto(f"{ui_stack.ui_url}/runs/flow-run/{runs.rejected}")
+    wait_text(page, "Rejected")
+    open_tab(page, "Details")
+    wait_text(page, "State Message")
+    wait_text(page, reason)
+    more = page.get_by_text("See More", exact=True)
+    if more.count():
+        more.first.click()
+    wait_text(page, "earliest feasible deadline")
+    page.screenshot(path=str(ui_stack.shots / "ui-rejected.png"))
+
+
+def test_an_admitted_run_shows_its_allocation_history_artifact(runs: Runs, ui_stack: UiStack, page: Any) -> None:
+    page.goto(f"{ui_stack.ui_url}/runs/flow-run/{runs.admitted}")
+    wait_text(page, "Completed")
+    open_tab(page, "Artifacts")
+    wait_text(page, "ElasticFlow allocation history")
+    page.screenshot(path=str(ui_stack.shots / "ui-admitted-artifacts-tab.png"))
+    page.get_by_text("ElasticFlow allocation history").first.click()  # the card opens the artifact
+    wait_text(page, "minimum satisfactory share")
+    for action in ("admitted", "launch", "release"):
+        expect_cell(page, action)
+    page.screenshot(path=str(ui_stack.shots / "ui-admitted-artifact.png"))
+
+
+def expect_cell(page: Any, text: str) -> None:
+    cell = page.locator("td", has_text=text)
+    try:
+        cell.first.wait_for(state="visible", timeout=15_000)
+    except Exception as exc:
+        raise AssertionError(f"no table cell {text!r} on {page.url}:\n{page.inner_text('body')[:3000]}") from exc
+
+
+def test_the_cluster_artifact_renders_its_tables_and_the_embedded_plot(
+    runs: Runs, ui_stack: UiStack, page: Any
+) -> None:
+    """A markdown artifact's `![](data:image/png;base64,...)` image is shown by
+    the UI (so the plot needs no file server), and an in-place update is what
+    the page shows."""
+    page.goto(f"{ui_stack.ui_url}/artifacts/artifact/{runs.cluster_artifact}")
+    wait_text(page, "0/2 GPUs busy")  # the updated version: the run finished
+    expect_cell(page, "✅ met")
+    expect_cell(page, runs.admitted_name)
+    image = page.locator('img[src^="data:image/png;base64,"]')
+    image.first.wait_for(state="visible", timeout=15_000)
+    image.first.scroll_into_view_if_needed()
+    width = image.first.evaluate("img => img.complete ? img.naturalWidth : 0")
+    assert width == 900, f"the embedded plot did not load (naturalWidth {width})"
+    page.screenshot(path=str(ui_stack.shots / "ui-cluster-artifact.png"), full_page=True)
+
+    page.goto(f"{ui_stack.ui_url}/artifacts/key/{CLUSTER_KEY}")
+    wait_text(page, runs.cluster_artifact[:8])  # versions are listed by their short ids
+    versions = page.get_by_text(re.compile(r"^[0-9a-f]{8}$"))
+    assert versions.count() == 1, "an in-place update must not add a version"

@@ -9,6 +9,7 @@ docs/training.md), never through database credentials.
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import datetime
 from typing import Any, Callable
@@ -55,6 +56,9 @@ def train(
 ) -> TrainResult:
     """Train `model` on `dataset` with a fixed global batch on whatever GPUs it is given."""
     logger = get_run_logger()
+    admitted_deadline = os.environ.get("ELASTICFLOW_DEADLINE")  # set by the scheduler that admitted this run
+    if admitted_deadline:
+        deadline = admitted_deadline
     params = TrainParameters.model_validate(
         {
             k: v
@@ -77,7 +81,8 @@ def train(
                 max_restarts=max_restarts,
             ).items()
             if v is not None
-        }
+        },
+        context={"admitted": bool(admitted_deadline)},
     )
     run_key = str(flow_run.id or uuid.uuid4())
 

@@ -1,6 +1,7 @@
 """A real Prefect server (the test harness), an `elasticflow` work pool with the
 `train/mlp` deployment, and the worker started by `prefect worker start` as a
-separate process, as a user would run it. One stack per xdist worker."""
+separate process, as a user would run it. One stack per xdist worker, shared
+by every test that asks for `stack` (registered in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 POOL = "gpus"
 # Seeded profile: admission plans with these figures (the real CPU rate is
 # higher, so admitted runs finish early); 2 slots beat 1, so growing and

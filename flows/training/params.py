@@ -103,9 +103,12 @@ class TrainParameters(BaseModel):
     def _parse_deadline(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None or value == "":
             return None
-        now = (info.context or {}).get("now")
+        context = info.context or {}
+        now = context.get("now")
         moment = parse_deadline(value, now)
-        if moment <= (now or datetime.now(timezone.utc)):
+        # Once admitted, a start past the deadline (a busy machine) is late, not
+        # invalid: the scheduler checked the deadline when the run arrived.
+        if moment <= (now or datetime.now(timezone.utc)) and not context.get("admitted"):
             raise ValueError(f"deadline {moment.isoformat()} is in the past")
         return moment
 

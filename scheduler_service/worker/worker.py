@@ -46,6 +46,7 @@ INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length = poll interval (default 
 RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5 s to stop (default 2 s)
 PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
 
+PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
 TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
 ADMITTED = "Admitted"
 AWAITING = "Waiting"
@@ -414,10 +415,21 @@ class ElasticFlowWorker(ProcessWorker):
         for decision in result.decisions:
             if decision.admitted:
                 await self._admitted(decision, result, now)
-            else:
+        # A burst of arrivals is decided in one policy call; telling Prefect is
+        # what takes time (a state, an event per run), so rejections go out
+        # together, a few requests at a time.
+        gate = anyio.Semaphore(PUBLISH_CONCURRENCY)
+
+        async def reject(decision: Decision) -> None:
+            async with gate:
                 entry = self._responses[decision.job_id]
                 await self._reject(entry.flow_run, decision.reason.value if decision.reason else "rejected",
                                    decision.message, decision.earliest_feasible_deadline, now, decision, result.seconds)
+
+        async with anyio.create_task_group() as group:
+            for decision in result.decisions:
+                if not decision.admitted:
+                    group.start_soon(reject, decision)
 
     async def _admitted(self, decision: Decision, result: PlanResult, now: float) -> None:
         assert self.store is not None
@@ -584,6 +596,9 @@ class ElasticFlowWorker(ProcessWorker):
                 "ELASTICFLOW_GPUS": _gpus_label(gpus),
                 "ELASTICFLOW_WORLD_SIZE": str(len(gpus)),
                 "ELASTICFLOW_NODES": ",".join(configuration.nodes),
+                # The deadline it was admitted with: a relative one (`+10m`) stays
+                # what it meant at submission, and a late start still trains.
+                "ELASTICFLOW_DEADLINE": _iso(placed.job.deadline) or "",
             })
         try:
             result = await super().run(flow_run, configuration, task_status)

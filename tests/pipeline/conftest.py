@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.service.conftest import POOL, Stack, stack  # noqa: F401  (the fixture is reused by name)
+from tests.stack import POOL, Stack
 
 
 @pytest.fixture(scope="session")
-def pipeline_stack(stack: Stack) -> Stack:  # noqa: F811
+def pipeline_stack(stack: Stack) -> Stack:
     from scheduler_service.service.deployments import deploy_pipeline
 
     deploy_pipeline(POOL)

@@ -1,0 +1,435 @@
+"""Service benchmark (issue 5 targets) on a local stack started here.
+
+(a) Time to first iteration: from `prefect deployment run train/mlp --param
+    iterations=.. --param deadline=+10m` to the first training iteration
+    (rank 0's first line in the run's `progress.jsonl`), measured both from the
+    CLI command's start and from the flow run's creation on the server; median
+    and max over --reps repetitions. Target <= 10 s. Reference, measured in the
+    same run on the same server: the same path for a no-op flow (`bench/noop_flow.py`)
+    on a plain Prefect `process` work pool polling at the same interval, to the
+    first line of its body: the floor Prefect itself imposes. Also printed: where
+    the time goes (run created -> Pending -> Running -> workers launched ->
+    ready -> first iteration).
+(b) Admission decision time with 100 admitted runs: the service's own code
+    path, `Scheduler.plan` (which times the `ElasticFlowPolicy.schedule` call
+    the worker records as `decision_seconds` / `decision_ms`), driven in-process
+    with 100 admitted, running jobs on a 128-GPU cluster (n16g8), real control
+    channels, an epoch-seconds clock; one arrival per slot. Target <= 50 ms.
+    The decision times the service itself recorded for the runs of (a) are
+    printed too.
+(c) CPU seconds (user + system) each process on the path to the first
+    iteration spends starting (imports), least of 3 runs: figures that do not
+    depend on what else runs on the machine, unlike the wall times of (a).
+
+The stack: a Prefect server on 127.0.0.1 (temporary PREFECT_HOME, SQLite), the
+`gpus` elasticflow pool with deployment train/mlp, the worker started with
+`prefect worker start --pool gpus`, `infra/local-cpu2.csv`, a seeded mlp curve
+(no profiling). Targets are reported, not asserted: exit status is nonzero only
+on errors. Timings depend on load: `uptime` is printed before and after.
+
+Run: .venv/bin/python bench/service.py [--reps 5] [--interval 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+# Prefect is imported only once the stack's environment is set: its settings are
+# read at import.
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PY = sys.executable
+MLP_CURVE = {1: 20.0, 2: 36.0}  # as tests/service: admission plans with these, no profiling
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def uptime() -> str:
+    return "load average " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([PY, "-m", "prefect", *args], env=env, cwd=ROOT, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGINT, then SIGKILL, to the process group (a worker's flow runs too)."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=8)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_leftovers(home: Path) -> None:
+    """Flow processes run in their own sessions; they all carry our ELASTICFLOW_HOME."""
+    marker = f"ELASTICFLOW_HOME={home}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, logs: list[Path], every_s: float = 0.1) -> Any:
+    """Poll `predicate`; API polls should be sparse: the benchmark's own requests
+    take CPU from the server and the flow process it measures."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    tails = "\n".join(f"--- {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
+                      for p in logs if p.exists())
+    raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tails}")
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def flow_run_times(run_id: str) -> dict[str, float]:
+    """Creation time and the first Pending / Running state times of a run (server clock = ours)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)  # type: ignore[arg-type]
+        states = client.read_flow_run_states(run_id)  # type: ignore[arg-type]
+    times = {"created": run.created.timestamp(), "final": run.state.is_final() if run.state else False,
+             "state": f"{run.state.type.value}/{run.state.name}" if run.state else "?"}
+    for state in sorted(states, key=lambda s: s.timestamp):
+        key = state.type.value.lower()
+        times.setdefault(key, state.timestamp.timestamp())
+    return times
+
+
+def deployment_run(name: str, params: dict[str, Any], env: dict[str, str]) -> tuple[str, float, float]:
+    """`prefect deployment run` as a user types it; (flow run id, command start, command end)."""
+    args = [PY, "-m", "prefect", "deployment", "run", name]
+    for key, value in params.items():
+        args += ["--param", f"{key}={value}"]
+    start = time.time()
+    out = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    end = time.time()
+    if out.returncode != 0:
+        raise RuntimeError(f"prefect deployment run failed ({out.returncode}): {out.stdout}{out.stderr}")
+    found = UUID_RE.search(out.stdout)
+    if not found:
+        raise RuntimeError(f"no flow run id in the output of prefect deployment run: {out.stdout}")
+    return found.group(0), start, end
+
+
+def first_iteration(home: Path, run_id: str) -> tuple[float, dict[str, float]] | None:
+    """Time of the first iteration (rank 0's first progress line) and the first segment's timings."""
+    segments = home / "control" / run_id / "segments"
+    if not segments.exists():
+        return None
+    best: tuple[float, dict[str, float]] | None = None
+    for folder in segments.iterdir():
+        progress = folder / "progress.jsonl"
+        if not progress.exists():
+            continue
+        line = progress.read_text().split("\n", 1)[0]
+        if not line.endswith("}"):
+            continue
+        t = float(json.loads(line)["t"])
+        timings: dict[str, float] = {}
+        result = folder / "result.json"
+        if result.exists():
+            timings = {k: v for k, v in json.loads(result.read_text())["timings"].items()
+                       if isinstance(v, float)}
+        if best is None or t < best[0]:
+            best = (t, timings)
+    return best
+
+
+def stats(values: list[float]) -> str:
+    return f"median {statistics.median(values):5.2f} s, max {max(values):5.2f} s"
+
+
+def cpu_seconds(args: list[str], reps: int = 3) -> float:
+    """CPU time (user + system) of a command, the least of `reps` runs: what it
+    costs whatever the load, where wall time depends on who else runs."""
+    best = float("inf")
+    for _ in range(reps):
+        proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{args} exited with {proc.returncode}")
+        best = min(best, usage.ru_utime + usage.ru_stime)
+    return best
+
+
+def measure_start_cpu() -> dict[str, float]:
+    """(c) The CPU the processes on the path to the first iteration spend importing."""
+    return {
+        # the engine of a flow process, up to the flow body (Prefect, then flows/train.py)
+        "flow_process_s": cpu_seconds([PY, "-c", "import prefect.engine, prefect.flow_engine, flows.train"]),
+        "of_which_prefect_s": cpu_seconds([PY, "-c", "import prefect.engine, prefect.flow_engine"]),
+        # Prefect's default launcher before the engine: a workspace supervisor interpreter
+        "prefect_supervisor_s": cpu_seconds([PY, "-c", "import prefect.runner._workspace_supervisor"]),
+        # one DDP worker: torch, torch._dynamo (the first optimizer step needs it), the runtime
+        "standby_worker_s": cpu_seconds([PY, "-m", "flows.training.worker", "--standby"]),
+        # the user's command
+        "prefect_cli_s": cpu_seconds([PY, "-m", "prefect", "--help"]),
+    }
+
+
+def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: int = 30) -> dict[str, Any]:
+    """(b): the worker's Scheduler.plan with `admitted` running admitted jobs."""
+    from flows.training.control import FileControlChannel
+    from scheduler_service.policy import Job
+    from scheduler_service.policy.elasticflow import ElasticFlowPolicy
+    from scheduler_service.policy.overhead import RestartOverhead
+    from scheduler_service.simulator.experiment import data_dir
+    from scheduler_service.simulator.inputs import load_throughputs
+    from scheduler_service.worker import cluster as cluster_mod
+    from scheduler_service.worker.scheduler import Run, Scheduler
+
+    cluster = cluster_mod.load(data_dir() / "clusters" / "n16g8.csv")
+    # As ElasticFlowWorker.__init__ builds it, with the default restart cost.
+    policy = ElasticFlowPolicy(cluster.topology, interval=interval,
+                               overhead=RestartOverhead(stop_s=0.5, restart_s=2.0, per_level_s=0.0))
+    scheduler = Scheduler(policy)
+    rng = random.Random(11)
+    curves = list(load_throughputs(data_dir() / "throughputs" / "A100").values())
+    control = tmp / "admission-control"
+    now = time.time()
+    count = 0
+
+    def arrive(now: float) -> None:
+        nonlocal count
+        curve = rng.choice(curves)
+        window = rng.uniform(3600, 7 * 86400)
+        iterations = curve.points[1] * window * rng.uniform(0.05, 0.3)
+        run_id = f"bench-{count:04d}"
+        count += 1
+        job = Job(run_id, now, iterations, now + window, curve, model="bench", batch_size=256)
+        scheduler.arrive(Run(run_id, job, FileControlChannel(run_id, control)))
+
+    def step(now: float) -> Any:
+        result = scheduler.plan(now)
+        for action in scheduler.actuate(now):  # launches write real control commands
+            run = scheduler.runs.get(action.run_id)
+            if run is not None and action.kind in ("launch", "rescale"):
+                # the flow acknowledges and reports progress, as a running run would
+                from flows.training.control import ControlAck
+
+                run.channel.acknowledge(ControlAck(seq=run.pending_seq or 0, iteration=0, gpus=list(action.gpus)))
+                run.channel.publish_status({"iteration": 0})
+        return result
+
+    while len(scheduler.runs) < admitted:  # build the state: a few arrivals per slot, untimed
+        for _ in range(min(10, admitted - len(scheduler.runs))):
+            arrive(now)
+        step(now)
+        now += interval
+    active = len(scheduler.runs)
+    policy_ms, plan_ms = [], []
+    for _ in range(samples):
+        arrive(now)
+        start = time.perf_counter()
+        result = step(now)
+        plan_ms.append((time.perf_counter() - start) * 1e3)
+        policy_ms.append(result.seconds * 1e3)
+        now += interval
+    return {"admitted_runs": active, "gpus": cluster.topology.num_gpus, "slots": samples,
+            "decision_ms_median": statistics.median(policy_ms), "decision_ms_max": max(policy_ms),
+            "plan_actuate_ms_median": statistics.median(plan_ms), "plan_actuate_ms_max": max(plan_ms)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=5.0, help="ELASTICFLOW_INTERVAL_S (slot) of the worker")
+    parser.add_argument("--iterations", type=int, default=30)
+    args = parser.parse_args()
+    print(f"load before: {uptime()} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
+    with tempfile.TemporaryDirectory(prefix="elasticflow-bench-service-") as tmp_name:
+        tmp = Path(tmp_name)
+        port = free_port()
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(tmp / "prefect"),
+            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_LEVEL": "INFO",
+            "ELASTICFLOW_HOME": str(tmp / "home"),
+            "ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"),
+            "ELASTICFLOW_INTERVAL_S": repr(args.interval),
+            # the reference worker polls as often as ours decides
+            "PREFECT_WORKER_QUERY_SECONDS": repr(args.interval),
+        }
+        env.pop("ELASTICFLOW_DATABASE_URL", None)
+        os.environ.update(env)
+        for key in ("ELASTICFLOW_DATABASE_URL",):
+            os.environ.pop(key, None)
+        logs = {name: tmp / f"{name}.log" for name in ("server", "worker", "process-worker")}
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            procs.append(spawn(["server", "start", "--host", "127.0.0.1", "--port", str(port)], logs["server"], env))
+            wait_for(lambda: healthy(env["PREFECT_API_URL"]), 90, "the Prefect server", [logs["server"]])
+            from prefect import flow as prefect_flow
+            from prefect.client.orchestration import get_client
+            from prefect.client.schemas.actions import WorkPoolCreate
+
+            from scheduler_service.service.deployments import deploy, ensure_pool
+            from scheduler_service.store import save_curve
+
+            save_curve("mlp", 32, MLP_CURVE)
+            asyncio.run(ensure_pool("gpus"))
+
+            async def plain_pool() -> None:
+                async with get_client() as client:
+                    await client.create_work_pool(WorkPoolCreate(name="plain", type="process"))
+
+            asyncio.run(plain_pool())
+            procs.append(spawn(["worker", "start", "--pool", "gpus"], logs["worker"], env))
+            procs.append(spawn(["worker", "start", "--pool", "plain", "--type", "process"],
+                               logs["process-worker"], env))
+            deploy("gpus", ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
+            prefect_flow.from_source(source=str(ROOT), entrypoint="bench/noop_flow.py:noop").deploy(  # type: ignore[union-attr]
+                name="reference", work_pool_name="plain", print_next_steps=False, ignore_warnings=True)
+            for name in ("worker", "process-worker"):
+                wait_for(lambda n=name: "started!" in logs[n].read_text(errors="replace"), 90,
+                         f"the {name} to start", [logs[name]])
+            print(f"stack up: server 127.0.0.1:{port}, pools gpus (elasticflow, slot {args.interval:g} s) "
+                  f"and plain (process, polling every {args.interval:g} s)", flush=True)
+
+            rows: list[dict[str, float]] = []
+            refs: list[dict[str, float]] = []
+            for rep in range(args.reps):
+                out = tmp / f"noop-{rep}.txt"
+                run_id, cli_start, cli_end = deployment_run("noop/reference", {"out": str(out)}, env)
+                body = float(wait_for(lambda out=out: out.exists() and out.read_text(), 120, "the no-op flow body",
+                                      [logs["process-worker"]]))
+                times = wait_for(lambda r=run_id: (t := flow_run_times(r))["final"] and t, 60,
+                                 "the no-op run to finish", [logs["process-worker"]], every_s=1.0)
+                refs.append({"from_cli": body - cli_start, "from_created": body - times["created"],
+                             "cli": cli_end - cli_start})
+
+                run_id, cli_start, cli_end = deployment_run(
+                    "train/mlp", {"iterations": args.iterations, "deadline": "+10m"}, env)
+                # the progress file first (cheap), then the run's end over the API, sparsely
+                found = wait_for(lambda r=run_id: first_iteration(tmp / "home", r), 180,
+                                 "the first training iteration", [logs["worker"]], every_s=0.05)
+                times = wait_for(lambda r=run_id: (t := flow_run_times(r))["final"] and t, 180,
+                                 "the training run to finish", [logs["worker"]], every_s=1.0)
+                if times["state"] != "COMPLETED/Completed":
+                    raise RuntimeError(f"training run {run_id} ended {times['state']}")
+                found = first_iteration(tmp / "home", run_id) or found  # now with the segment's timings
+                first, seg = found
+                row = {"from_cli": first - cli_start, "from_created": first - times["created"],
+                       "cli": cli_end - cli_start, "created": times["created"] - cli_start,
+                       "to_pending": times.get("pending", float("nan")) - times["created"],
+                       "to_running": times.get("running", float("nan")) - times.get("pending", float("nan")),
+                       "to_launch": seg.get("launch_t", float("nan")) - times.get("running", float("nan")),
+                       "to_ready": seg.get("ready_t", float("nan")) - seg.get("launch_t", float("nan")),
+                       "to_first": first - seg.get("ready_t", float("nan"))}
+                rows.append(row)
+                print(f"rep {rep}: train/mlp first iteration {row['from_cli']:5.2f} s after the CLI started, "
+                      f"{row['from_created']:5.2f} s after the run was created "
+                      f"[created +{row['created']:.2f}, Pending +{row['to_pending']:.2f}, "
+                      f"Running +{row['to_running']:.2f}, workers launched +{row['to_launch']:.2f}, "
+                      f"ready +{row['to_ready']:.2f}, first iteration +{row['to_first']:.2f}]; "
+                      f"no-op body {refs[-1]['from_cli']:5.2f} / {refs[-1]['from_created']:5.2f} s; "
+                      f"load {uptime()}", flush=True)
+
+            from scheduler_service.worker.store import ServiceStore
+
+            decisions = [r.decision_ms for r in ServiceStore().decisions() if r.decision_ms is not None]
+            admission = measure_admission(tmp, args.interval)
+            start_cpu = measure_start_cpu()
+        finally:
+            for process in reversed(procs):
+                stop(process)
+            kill_leftovers(tmp / "home")
+
+    def med(values: list[dict[str, float]], key: str) -> float:
+        return statistics.median(v[key] for v in values)
+
+    print()
+    print(f"(a) deployment run -> first training iteration, {args.reps} reps, slot {args.interval:g} s:")
+    for key, what in (("from_cli", "from the CLI's start"), ("from_created", "from the run's creation")):
+        ours, ref = [r[key] for r in rows], [r[key] for r in refs]
+        target = "met" if statistics.median(ours) <= 10 else "MISSED"
+        print(f"    {what:24s}: train/mlp {stats(ours)}  (target <= 10 s: {target}); "
+              f"no-op flow on a process pool {stats(ref)}; ratio of medians "
+              f"{statistics.median(ours) / statistics.median(ref):.2f}x")
+    print(f"    medians: CLI command {med(rows, 'cli'):.2f} s (run created at +{med(rows, 'created'):.2f}); "
+          f"created -> Pending {med(rows, 'to_pending'):.2f}; Pending -> Running {med(rows, 'to_running'):.2f}; "
+          f"Running -> workers launched {med(rows, 'to_launch'):.2f}; launched -> ready "
+          f"{med(rows, 'to_ready'):.2f}; ready -> first iteration {med(rows, 'to_first'):.2f}")
+    print(f"(b) admission decision with {admission['admitted_runs']} admitted running runs on "
+          f"{admission['gpus']} GPUs, {admission['slots']} slots: policy call median "
+          f"{admission['decision_ms_median']:.2f} ms, max {admission['decision_ms_max']:.2f} ms "
+          f"(target <= 50 ms: {'met' if admission['decision_ms_max'] <= 50 else 'MISSED'}); "
+          f"Scheduler.plan + actuate median {admission['plan_actuate_ms_median']:.2f} ms, "
+          f"max {admission['plan_actuate_ms_max']:.2f} ms")
+    if decisions:
+        print(f"    the service's own decision_ms for the runs of (a): median {statistics.median(decisions):.2f} ms, "
+              f"max {max(decisions):.2f} ms")
+    print(f"(c) CPU seconds (user+system, least of 3; independent of load) on the path: flow process imports "
+          f"{start_cpu['flow_process_s']:.2f} (Prefect {start_cpu['of_which_prefect_s']:.2f}, flows/train.py and "
+          f"torch the rest); each DDP worker {start_cpu['standby_worker_s']:.2f}; Prefect's default supervisor "
+          f"interpreter, which the elasticflow worker skips, {start_cpu['prefect_supervisor_s']:.2f}; "
+          f"the prefect CLI's start {start_cpu['prefect_cli_s']:.2f}")
+    print(f"load after: {uptime()}")
+    print(json.dumps({
+        "reps": args.reps, "interval_s": args.interval,
+        "first_iteration_from_cli_s": {"median": round(med(rows, "from_cli"), 3),
+                                       "max": round(max(r["from_cli"] for r in rows), 3)},
+        "first_iteration_from_created_s": {"median": round(med(rows, "from_created"), 3),
+                                           "max": round(max(r["from_created"] for r in rows), 3)},
+        "reference_noop_from_cli_s": round(med(refs, "from_cli"), 3),
+        "reference_noop_from_created_s": round(med(refs, "from_created"), 3),
+        "ratio_from_created": round(med(rows, "from_created") / med(refs, "from_created"), 2),
+        "admission": {k: round(v, 3) if isinstance(v, float) else v for k, v in admission.items()},
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,8 +2,9 @@
 
 Each worker is a `python -m flows.training.worker --standby` process, never a
 fork of the flow process (which runs Prefect's threads). A standby imports
-torch, then waits on stdin for a segment. `WorkerPool` keeps a few standbys
-ready so that a relaunch does not pay ~4 s of imports per worker (torch, and
+torch, then waits on stdin for a segment. `WorkerPool` (`flows.training.standby`)
+keeps a few standbys ready so that a relaunch does not pay ~4 s of imports per
+worker (torch, and
 `torch._dynamo` which the first optimizer step pulls in): on a small machine
 that is most of a rescale. Missing standbys are started on demand.
 
@@ -14,82 +15,25 @@ segment reports `crashed`: the flow then relaunches from the last checkpoint.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings
+from flows.training.standby import POOL, WorkerPool
+
+__all__ = ["POOL", "ProgressCallback", "Segment", "WorkerPool", "free_port", "prune_segment_dirs", "run_segment"]
 
 log = logging.getLogger("elasticflow.launcher")
 
 ProgressCallback = Callable[[int, float, float], None]  # (iteration, loss, wall time)
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-class WorkerPool:
-    """Standby worker processes, already past their imports, handed out to segments."""
-
-    def __init__(self) -> None:
-        self._standby: list[subprocess.Popen[bytes]] = []
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _spawn() -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env["OMP_NUM_THREADS"] = "1"  # read once at process start by the OpenMP runtime
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
-        return subprocess.Popen(
-            [sys.executable, "-m", "flows.training.worker", "--standby"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def _alive(self) -> list[subprocess.Popen[bytes]]:
-        return [p for p in self._standby if p.poll() is None]
-
-    def take(self, count: int) -> list[subprocess.Popen[bytes]]:
-        """`count` workers: standbys first, fresh processes for the rest."""
-        with self._lock:
-            alive = self._alive()
-            taken, self._standby = alive[:count], alive[count:]
-        return taken + [self._spawn() for _ in range(count - len(taken))]
-
-    def refill(self, count: int) -> None:
-        """Start standbys until `count` are waiting."""
-        with self._lock:
-            self._standby = self._alive()
-            self._standby += [self._spawn() for _ in range(count - len(self._standby))]
-
-    @property
-    def size(self) -> int:
-        with self._lock:
-            return len(self._alive())
-
-    def close(self) -> None:
-        with self._lock:
-            standby, self._standby = self._standby, []
-        for proc in standby:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-POOL = WorkerPool()
-atexit.register(POOL.close)
 
 
 def free_port() -> int:

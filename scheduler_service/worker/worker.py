@@ -600,6 +600,15 @@ class ElasticFlowWorker(ProcessWorker):
                 # what it meant at submission, and a late start still trains.
                 "ELASTICFLOW_DEADLINE": _iso(placed.job.deadline) or "",
             })
+        if not configuration._command_configured:
+            from prefect.utilities.processutils import command_to_string, get_sys_executable
+
+            # Prefect's default launcher is a workspace supervisor that then execs a
+            # second interpreter for the engine (Prefect imported twice). Ours runs the
+            # engine in one, in its own session, and starts the run's DDP workers first
+            # so that they import torch while the engine starts (flows/training/boot.py).
+            configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
+            configuration._command_configured = True
         try:
             result = await super().run(flow_run, configuration, task_status)
         finally:

@@ -90,3 +90,11 @@ def test_user_model_needs_a_dataset() -> None:
         TrainParameters(model="tests.runtime.user_models:tiny_classifier")
     params = TrainParameters(model="tests.runtime.user_models:tiny_classifier", dataset="synthetic-vectors")
     assert params.dataset is not None and params.dataset.name == "synthetic-vectors"
+
+
+def test_an_admitted_run_that_starts_after_its_deadline_still_validates() -> None:
+    # The scheduler checked the deadline on arrival; a late start is late, not invalid.
+    late = TrainParameters.model_validate(
+        {"model": "mlp", "iterations": 10, "deadline": "2020-01-01T00:00:00Z"}, context={"admitted": True}
+    )
+    assert late.deadline is not None and late.deadline.year == 2020

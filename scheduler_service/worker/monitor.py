@@ -239,8 +239,8 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
         f"**{summary}**", "",
         "## GPUs", "", gpu_map_markdown(snapshot), "",
         "## Jobs", "", jobs_markdown(snapshot, margin), "",
-        f"_MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
-        f"At risk: projected finish within {_duration(margin)} of the deadline._",
+        (f"_MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
+         f"At risk: projected finish within {_duration(margin)} of the deadline._"),
     ])
 
 

@@ -35,6 +35,7 @@ from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.store.db import elasticflow_home
 from scheduler_service.worker import cluster as cluster_mod
+from scheduler_service.worker.cluster_view import ClusterView, emit_risk
 from scheduler_service.worker.scheduler import Action, PlanResult, Run, Scheduler
 from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
 
@@ -133,6 +134,9 @@ class ElasticFlowWorker(ProcessWorker):
         self._artifacts: dict[str, Any] = {}  # run id -> artifact id
         self._adopted: set[str] = set()  # running runs found after a restart (not our children)
         self._flow_names: dict[Any, str] = {}  # flow id -> flow name
+        self._names: dict[str, str] = {}  # flow run id -> flow run name, for the cluster view
+        # Deadline at risk: projected finish within one slot of the deadline.
+        self.view = ClusterView(self.cluster, margin_s=self.interval)
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
@@ -168,6 +172,7 @@ class ElasticFlowWorker(ProcessWorker):
         for entry in responses:
             run_id = str(entry.flow_run.id)
             self._responses[run_id] = entry
+            self._names[run_id] = entry.flow_run.name
             start = entry.flow_run.next_scheduled_start_time or entry.flow_run.expected_start_time
             if run_id in self._seen or (start is not None and start.timestamp() > now):
                 continue
@@ -187,6 +192,7 @@ class ElasticFlowWorker(ProcessWorker):
         for action in self.scheduler.actuate(now):
             if await self._apply(action, now):
                 launches.append(self._responses[action.run_id])
+        await self._show_cluster(now)
         if not launches:
             return []
         return await self._submit_scheduled_flow_runs(flow_run_response=launches)
@@ -288,6 +294,17 @@ class ElasticFlowWorker(ProcessWorker):
                                      exc_info=True)
                 return TRAIN_FLOW
         return self._flow_names[flow_run.flow_id]
+
+    async def _show_cluster(self, now: float) -> None:
+        """Keep the cluster artifact current; tell automations about deadlines at risk."""
+        snapshot = self.view.snapshot(self.scheduler.runs, self._names, self._projected, now)
+        for change, job in self.view.risk_changes(snapshot):
+            emit_risk(self._event, change, job)
+            self._logger.warning("deadline %s: %s projected %s, due %s", change, job.name,
+                                 job.projected_finish, job.deadline)
+        if self.view.due(snapshot, now):
+            markdown = await anyio.to_thread.run_sync(self.view.markdown, snapshot, now)  # renders a plot
+            await self.view.publish(self.client, markdown)
 
     def clock(self) -> float:
         """Now, on the policy's clock: epoch seconds."""
@@ -474,6 +491,10 @@ class ElasticFlowWorker(ProcessWorker):
             "admitted": False, "reason": reason, "message": message, "earliest_feasible_deadline": _iso(earliest),
         })
         self._logger.info("rejected flow run %s: %s", run_id, text)
+        try:  # also in the run's own logs, the tab its page opens on
+            self.get_flow_run_logger(flow_run).warning("ElasticFlow rejected this run: %s", text)
+        except Exception:
+            pass
 
     async def _apply(self, action: Action, now: float) -> bool:
         """Show an action in Prefect; True if the run is to be launched now."""

@@ -31,6 +31,17 @@ def _allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
     return [(r.action, r.gpus) for r in rows]
 
 
+def _cluster_artifact() -> str:
+    """The service's cluster-wide view: one keyed artifact, updated in place."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["elasticflow-cluster"])))
+    return str(artifact.data)
+
+
 def _state_names(run_id: str) -> list[str]:
     from prefect.client.orchestration import get_client
 
@@ -76,6 +87,8 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
     history = stack.allocation_artifact(first)
     for action in ("admitted", "launch", "rescale", "release"):
         assert f"| {action} |" in history
+    cluster = _cluster_artifact()
+    assert stack.flow_run(first).name in cluster and "data:image/png;base64," in cluster  # jobs and the plot
     names = _state_names(first)
     assert names[:2] == ["Scheduled", "Admitted"] and names[-1] == "Completed"
     rescaling = names.index("Rescaling")  # shown while it checkpoints and moves, then back to Running

@@ -1,0 +1,162 @@
+"""The cluster-wide view the service keeps current in Prefect: one keyed
+markdown artifact (`elasticflow-cluster`: GPU map, every admitted job's share,
+MSS, progress, projected finish against its deadline, and the allocation over
+time as an embedded plot), and `elasticflow.deadline.at-risk` /
+`elasticflow.deadline.recovered` events an automation can act on.
+
+Prefect OSS has no deployment SLAs (Prefect Cloud only), so the deadline is
+mirrored as events: at risk when the projected finish passes the deadline
+minus a margin. The projection is the run's own measured rate (its status
+file) once it trains, the policy's plan before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from scheduler_service.worker.cluster import Cluster
+from scheduler_service.worker.monitor import (
+    AllocationSample,
+    ClusterSnapshot,
+    JobView,
+    allocation_markdown,
+    cluster_markdown,
+    deadline_risk,
+)
+from scheduler_service.worker.scheduler import Run
+
+log = logging.getLogger("elasticflow.cluster_view")
+
+ARTIFACT_KEY = "elasticflow-cluster"
+DESCRIPTION = "ElasticFlow cluster"
+REFRESH_S = 30.0  # progress alone refreshes the artifact at most this often
+HISTORY = 500  # allocation samples kept for the plot
+FINISHED_SHOWN = 20  # finished runs still listed, with whether they met their deadline
+
+
+def _dt(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
+
+
+class ClusterView:
+    def __init__(self, cluster: Cluster, margin_s: float) -> None:
+        self.cluster = cluster
+        self.margin = timedelta(seconds=margin_s)
+        self.samples: deque[AllocationSample] = deque(maxlen=HISTORY)
+        self.deadlines: dict[str, datetime] = {}
+        self.at_risk: set[str] = set()
+        self.artifact_id: Any = None
+        self._last_allocation: dict[str, int] | None = None
+        self._last_progress: dict[str, int] = {}
+        self._last_sent = 0.0
+        self._live: dict[str, JobView] = {}  # last view of each unfinished run
+        self.finished: deque[JobView] = deque(maxlen=FINISHED_SHOWN)
+
+    def snapshot(self, runs: dict[str, Run], names: dict[str, str], projected: dict[str, float],
+                 now: float) -> ClusterSnapshot:
+        jobs = []
+        for run_id, run in runs.items():
+            if run.phase == "finished":
+                continue
+            status = run.channel.status() or {} if run.phase == "running" else {}
+            finish = status.get("projected_finish")
+            jobs.append(JobView(
+                name=names.get(run_id, run_id[:8]), flow_run_id=run_id, model=run.job.model or "?",
+                status=run.phase, share=run.share, gpus=sorted(run.held),
+                iterations_done=float(status.get("iteration") or 0), iterations_total=run.job.iterations,
+                projected_finish=datetime.fromisoformat(finish) if finish else _dt(projected.get(run_id)),
+                deadline=_dt(run.job.deadline),
+            ))
+        self._retire({job.flow_run_id for job in jobs}, runs, now)
+        self._live = {job.flow_run_id: job for job in jobs}
+        topology = self.cluster.topology
+        return ClusterSnapshot(at=_dt(now), topology=topology.describe(), nodes=list(self.cluster.nodes),
+                               gpus_per_node=topology.gpus_per_node, jobs=[*jobs, *self.finished])
+
+    def _retire(self, live: set[str], runs: dict[str, Run], now: float) -> None:
+        """Runs gone since the last snapshot stay listed as finished, with the
+        iteration their status file reached and when they ended."""
+        for run_id, job in self._live.items():
+            if run_id in live:
+                continue
+            run = runs.get(run_id)
+            status = (run.channel.status() if run is not None else None) or {}
+            done = float(status.get("iteration") or job.iterations_done)
+            self.finished.appendleft(job.model_copy(update=dict(
+                status="finished", gpus=[], iterations_done=done, projected_finish=_dt(now))))
+
+    def risk_changes(self, snapshot: ClusterSnapshot) -> list[tuple[str, JobView]]:
+        """("at-risk" | "recovered", job) for each admitted job whose outlook flipped."""
+        changes = []
+        for job in snapshot.jobs:
+            if job.deadline is None or job.status != "running":
+                continue
+            risky = deadline_risk(job.projected_finish, job.deadline, self.margin)
+            if risky and job.flow_run_id not in self.at_risk:
+                self.at_risk.add(job.flow_run_id)
+                changes.append(("at-risk", job))
+            elif not risky and job.flow_run_id in self.at_risk:
+                self.at_risk.discard(job.flow_run_id)
+                changes.append(("recovered", job))
+        live = {job.flow_run_id for job in snapshot.jobs}
+        self.at_risk &= live
+        return changes
+
+    def due(self, snapshot: ClusterSnapshot, now: float) -> bool:
+        """Record an allocation sample if GPUs changed hands; True if the artifact
+        should be rewritten now (allocation changed, or progress moved and
+        REFRESH_S has passed)."""
+        allocation = {job.name: len(job.gpus) for job in snapshot.jobs if job.gpus}
+        progress = {job.flow_run_id: int(job.iterations_done) for job in snapshot.jobs}
+        for job in snapshot.jobs:
+            if job.deadline is not None:
+                self.deadlines[job.name] = job.deadline
+        if allocation != self._last_allocation:
+            self.samples.append(AllocationSample(at=snapshot.at, gpus=allocation))
+            self._last_allocation = allocation
+            return True
+        return progress != self._last_progress and now - self._last_sent >= REFRESH_S
+
+    def markdown(self, snapshot: ClusterSnapshot, now: float) -> str:
+        self._last_progress = {job.flow_run_id: int(job.iterations_done) for job in snapshot.jobs}
+        self._last_sent = now
+        plot = ""
+        if self.samples:
+            window = [s for s in self.samples if s.at >= snapshot.at - timedelta(hours=6)] or [self.samples[-1]]
+            plot = allocation_markdown(window, self.deadlines, self.cluster.topology.num_gpus, snapshot.at)
+        return cluster_markdown(snapshot, self.margin) + ("\n\n" + plot if plot else "")
+
+    async def publish(self, client: Any, markdown: str) -> None:
+        """Create the keyed artifact once (or find the latest after a restart),
+        then update it in place: no new version per refresh."""
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        try:
+            if self.artifact_id is None:
+                found = await client.read_artifacts(
+                    artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[ARTIFACT_KEY])), limit=1,
+                    sort="CREATED_DESC")
+                if found:
+                    self.artifact_id = found[0].id
+                else:
+                    artifact = await client.create_artifact(ArtifactCreate(
+                        key=ARTIFACT_KEY, type="markdown", data=markdown, description=DESCRIPTION))
+                    self.artifact_id = artifact.id
+                    return
+            await client.update_artifact(self.artifact_id, ArtifactUpdate(data=markdown))
+        except Exception:
+            log.warning("could not update the cluster artifact", exc_info=True)
+
+
+def emit_risk(emit: Callable[[str, str, dict[str, Any]], None], change: str, job: JobView) -> None:
+    emit(job.flow_run_id, f"elasticflow.deadline.{change}", {
+        "flow_run_name": job.name, "model": job.model,
+        "projected_finish": job.projected_finish.isoformat() if job.projected_finish else None,
+        "deadline": job.deadline.isoformat() if job.deadline else None,
+        "iterations_done": job.iterations_done, "iterations_total": job.iterations_total,
+        "gpus": job.gpus, "mss": job.share,
+    })

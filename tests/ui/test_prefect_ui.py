@@ -26,7 +26,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -189,40 +188,21 @@ class Runs:
 
 
 def _cluster_artifact(stack: Stack, run: Any) -> str:
-    """The cluster view for the admitted run, from its real allocation records,
-    as the worker is to publish it: one keyed markdown artifact, created once and
-    then updated in place (an update adds no version)."""
+    """The cluster view the worker keeps current: one keyed markdown artifact,
+    created once and then updated in place (an update adds no version). Waits
+    for the version that lists the admitted run as finished."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
-    from sqlmodel import Session, select
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from scheduler_service.store.db import get_engine
-    from scheduler_service.worker.monitor import (
-        ClusterSnapshot, JobView, allocation_markdown, cluster_markdown, samples_from_changes,
-    )
-    from scheduler_service.worker.store import AllocationRecord
+    def published() -> str | None:
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[CLUSTER_KEY])))
+        for artifact in found:
+            if run.name in str(artifact.data) and "met" in str(artifact.data):
+                return str(artifact.id)
+        return None
 
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
-        rows = session.exec(select(AllocationRecord).where(AllocationRecord.flow_run_id == str(run.id))).all()
-    changes = [(row.at, run.name, len([g for g in row.gpus.split(",") if g])) for row in rows]
-    samples = samples_from_changes(changes)
-    assert samples and samples[0].gpus == {run.name: 2}, changes
-    now = datetime.now(timezone.utc)
-    deadline = samples[0].at.replace(tzinfo=timezone.utc) + timedelta(minutes=10)
-    job = JobView(name=run.name, flow_run_id=str(run.id), model="mlp", status="running", share=1, gpus=[0, 1],
-                  iterations_done=150, iterations_total=300, projected_finish=run.end_time, deadline=deadline)
-    snapshot = ClusterSnapshot(at=now, topology="1 node x 2 CPU slots", nodes=["localhost"], gpus_per_node=2,
-                               jobs=[job])
-    with get_client(sync_client=True) as client:
-        artifact = client.create_artifact(ArtifactCreate(
-            key=CLUSTER_KEY, type="markdown", description="ElasticFlow cluster", data=cluster_markdown(snapshot),
-        ))
-        done = job.model_copy(update=dict(status="finished", gpus=[], iterations_done=300))
-        snapshot = snapshot.model_copy(update=dict(jobs=[done]))
-        data = cluster_markdown(snapshot) + "\n\n" + allocation_markdown(
-            samples, {run.name: deadline}, total_gpus=2, until=now)
-        client.update_artifact(artifact.id, ArtifactUpdate(data=data))
-    return str(artifact.id)
+    return stack.wait_until(published, 60, "the worker's cluster artifact to list the finished run")
 
 
 @pytest.fixture(scope="module")

@@ -142,6 +142,24 @@ class BuddyPlacer:
                 self._put(job_id, size, moved)
         return Placement(dict(self.blocks), moved)
 
+    def hold(self, job_id: str, gpus: tuple[int, ...] | list[int]) -> bool:
+        """Record that `job_id` already runs on `gpus` (a service restarted while
+        it trained), so the next placement keeps it there if its size is
+        unchanged instead of moving it, which would cost a restart. Only an
+        aligned power-of-two block that is free can be held; otherwise False and
+        the job is placed like a newcomer."""
+        ordered = sorted(gpus)
+        size = len(ordered)
+        if not size or not is_power_of_two(size) or job_id in self.blocks:
+            return False
+        start = ordered[0]
+        if start % size or ordered != list(range(start, start + size)) or start + size > self.topology.num_gpus:
+            return False
+        if not self._alloc.take_at(start, size):
+            return False
+        self.blocks[job_id] = (start, size)
+        return True
+
     def snapshot(self) -> tuple[dict[str, Block], dict[int, set[int]]]:
         """State to `restore` after a trial placement."""
         return dict(self.blocks), {size: set(starts) for size, starts in self._alloc._free.items()}

@@ -78,6 +78,7 @@ class Scheduler:
         with its real status; if the policy no longer guarantees it, it carries
         on as best-effort (it is never rejected: it holds GPUs and has progress)."""
         run.phase = "running"
+        self.policy.placer.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
         self.arrivals.append(run)
 
     def finish(self, run_id: str) -> None:

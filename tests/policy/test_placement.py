@@ -79,3 +79,16 @@ def test_fragmentation_is_resolved_by_moving_one_unpinned_job():
     check(placement, {**singles, "big": 2}, topo)
     assert placement.moved == {at[5]}
     assert placement.blocks["big"] == (4, 2)
+
+
+def test_a_held_block_is_kept_at_the_same_size_and_only_aligned_free_blocks_can_be_held() -> None:
+    placer = BuddyPlacer(Topology(1, 1, 8))
+    assert placer.hold("a", (4, 5, 6, 7))
+    assert not placer.hold("b", (2, 3, 4, 5))  # not aligned to its size
+    assert not placer.hold("c", (0, 1, 2))  # not a power of two
+    assert not placer.hold("d", (6, 7))  # taken by a
+    placement = placer.place({"a": 4, "e": 4})
+    assert placement.gpus("a") == (4, 5, 6, 7) and placement.gpus("e") == (0, 1, 2, 3)
+    assert not placement.moved
+    placement = placer.place({"a": 2, "e": 4})  # shrunk: stays inside its old block
+    assert set(placement.gpus("a")) <= {4, 5, 6, 7}

@@ -122,3 +122,18 @@ def test_an_adopted_run_the_policy_no_longer_guarantees_carries_on_best_effort(t
     assert result is not None and result.decisions == []  # never reported as rejected
     result = sched.plan(T0 + 2)
     assert result is not None and result.decisions[0].admitted and sched.runs["late"].job.deadline is None
+
+
+def test_a_run_adopted_after_a_restart_stays_on_the_gpus_it_holds(tmp_path: Path) -> None:
+    policy = ElasticFlowPolicy(Topology(1, 1, 4), interval=2.0, overhead=RestartOverhead(0.5, 0.5, 0.0))
+    sched = Scheduler(policy)
+    # Found training on GPUs 2,3 by a freshly started service; alone, a fresh
+    # placement would put a 2-GPU job on 0,1 and move it (a restart for nothing).
+    curve = ThroughputCurve({1: 20.0, 2: 36.0})
+    adopted = Run("a", Job("a", T0, 4000, T0 + 600, curve), FileControlChannel("a", tmp_path),
+                  held=(2, 3), commanded=(2, 3))
+    sched.adopt(adopted)
+    result = sched.plan(T0)
+    assert result is not None and result.allocation["a"] == 2
+    assert sched.runs["a"].target == (2, 3)
+    assert [a for a in sched.actuate(T0) if a.run_id == "a"] == []  # nothing to tell it

@@ -40,11 +40,19 @@ def profile_throughput(
     device: str = "auto",
     model_kwargs: dict[str, Any] | None = None,
     dataset: str | dict[str, Any] | None = None,
+    gpu_ids: list[int] | None = None,
 ) -> dict[int, float]:
-    """GPU count -> measured iterations/s. Checkpoints go to a temporary folder."""
+    """GPU count -> measured iterations/s. Checkpoints go to a temporary folder.
+
+    `gpu_ids`: the devices to measure on (the first `count` of them for each
+    count), so a service can profile on GPUs nobody else is using; default
+    0, 1, 2..."""
     bad = [g for g in gpu_counts if g < 1 or g & (g - 1)]
     if bad:
         raise ValueError(f"GPU counts must be powers of two, got {bad}")
+    ids = list(gpu_ids) if gpu_ids is not None else list(range(max(gpu_counts)))
+    if len(ids) < max(gpu_counts):
+        raise ValueError(f"{max(gpu_counts)} GPUs to measure, only {len(ids)} given: {ids}")
     if iterations <= warmup + 1:
         raise ValueError("iterations must exceed warmup + 1")
     params = TrainParameters(
@@ -53,7 +61,7 @@ def profile_throughput(
         dataset=dataset,
         hyperparameters=Hyperparameters(global_batch_size=batch_size),
         iterations=iterations,
-        gpu_plan=[list(range(max(gpu_counts)))],
+        gpu_plan=[ids[: max(gpu_counts)]],
         device=device,  # type: ignore[arg-type]
     )
     scratch = tempfile.mkdtemp(prefix="elasticflow-profile-")
@@ -73,7 +81,7 @@ def profile_throughput(
                 device=default_device(device),
                 save_at_end=False,
             )
-            result = run_segment(spec, list(range(count)), workdir=None)
+            result = run_segment(spec, ids[:count], workdir=None)
             if result.reason == "crashed":
                 raise RuntimeError(f"profiling {model} on {count} GPUs failed: {result.error}")
             curve[count] = steady_rate(result, warmup)

@@ -68,6 +68,9 @@ class Scheduler:
     arrivals: list[Run] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     last_slot: int | None = None
+    # GPUs held by the service itself (profiling a new model): no run is
+    # launched or grown onto them until they are given back.
+    reserved: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     # -- inputs ----------------------------------------------------------------
     def arrive(self, run: Run) -> None:
@@ -151,7 +154,7 @@ class Scheduler:
                         actions.append(Action(run.run_id, "released"))
 
         def held_by_others(run: Run) -> set[int]:
-            return {g for r in active if r is not run for g in r.held}
+            return {g for r in active if r is not run for g in r.held} | self.reserved_gpus()
 
         def wanted_by_others(run: Run) -> set[int]:
             return {g for r in active if r is not run for g in r.target}
@@ -179,6 +182,25 @@ class Scheduler:
         command = run.channel.request("rescale", list(gpus))
         run.pending_seq, run.commanded, run.since = command.seq, gpus, now
 
+    # -- the service's own use of GPUs ------------------------------------------
+    def reserved_gpus(self) -> set[int]:
+        return {g for gpus in self.reserved.values() for g in gpus}
+
+    def free_block(self, num_gpus: int, largest: int) -> tuple[int, ...]:
+        """The largest aligned power-of-two block, at most `largest` GPUs, that no
+        run holds or is placed on and nothing reserved: () if none."""
+        busy = self.reserved_gpus() | {g for r in self.runs.values() if r.phase != "finished"
+                                        for g in (*r.held, *r.target)}
+        size = 1 << (max(1, min(largest, num_gpus)).bit_length() - 1)
+        while size >= 1:
+            for start in range(0, num_gpus - size + 1, size):
+                if not busy & set(range(start, start + size)):
+                    return tuple(range(start, start + size))
+            size //= 2
+        return ()
+
     # -- views -----------------------------------------------------------------
     def gpu_map(self) -> dict[int, str]:
-        return {g: r.run_id for r in self.runs.values() for g in r.held}
+        held = {g: r.run_id for r in self.runs.values() for g in r.held}
+        held.update({g: f"service:{name}" for name, gpus in self.reserved.items() for g in gpus})
+        return held

@@ -127,6 +127,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._state_name: dict[str, str] = {}  # last waiting-state name written per run
         self._profiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticflow-profile")
         self._profiles: dict[tuple[str, int, str], Future[dict[int, float]]] = {}
+        self._to_profile: dict[tuple[str, int, str], Any] = {}  # models waiting for free GPUs to profile on
         self._profiling: dict[str, tuple[FlowRun, Any, float | None, float]] = {}
         self.decision_seconds: list[float] = []
         self._projected: dict[str, float] = {}  # policy's projected finish per run (policy clock)
@@ -331,7 +332,7 @@ class ElasticFlowWorker(ProcessWorker):
         curve = await anyio.to_thread.run_sync(self._stored_curve, params)
         if curve is None:
             if key not in self._profiles:
-                self._profiles[key] = self._profiler.submit(self._profile, params)
+                self._to_profile.setdefault(key, params)  # started once GPUs are free (_collect_profiles)
             self._profiling[run_id] = (flow_run, params, deadline, iterations)
             await self._wait_state(flow_run.id, PROFILING, now, "profiling the throughput of this model on first use")
             return
@@ -378,23 +379,41 @@ class ElasticFlowWorker(ProcessWorker):
         points = get_curve(params.model, params.hyperparameters.global_batch_size)
         return self._usable(params, points) if points else None
 
-    def _profile(self, params: Any) -> dict[int, float]:
+    def _profile(self, params: Any, gpus: list[int]) -> dict[int, float]:
         from flows.training.profiler import profile_throughput
         from scheduler_service.store import save_curve
 
-        top = min(self.cluster.topology.max_job_gpus, params.hyperparameters.global_batch_size,
-                  4 if self.cluster.device == "cpu" else self.cluster.topology.max_job_gpus)
-        counts = [1 << k for k in range(top.bit_length())]
+        counts = [1 << k for k in range(len(gpus).bit_length())]
         iterations = int(os.environ.get(PROFILE_ITERATIONS_ENV) or 8)
         curve = profile_throughput(
             params.model, params.hyperparameters.global_batch_size, counts, iterations=iterations,
             warmup=min(3, iterations - 2), device=self.cluster.device, model_kwargs=params.model_kwargs,
-            dataset=params.dataset.model_dump() if params.dataset is not None else None,
+            dataset=params.dataset.model_dump() if params.dataset is not None else None, gpu_ids=gpus,
         )
         save_curve(params.model, params.hyperparameters.global_batch_size, curve, device=self.cluster.device)
         return curve
 
+    def _start_profiles(self) -> None:
+        """Profile new models on GPUs nobody uses, reserved meanwhile so no run
+        is launched or grown onto them: on a busy cluster a profile waits, or
+        measures the GPU counts that are free (more: `elasticflow profile`)."""
+        for key, params in list(self._to_profile.items()):
+            top = min(self.cluster.topology.max_job_gpus, params.hyperparameters.global_batch_size,
+                      4 if self.cluster.device == "cpu" else self.cluster.topology.max_job_gpus)
+            gpus = self.scheduler.free_block(self.cluster.topology.num_gpus, top)
+            if not gpus:
+                continue
+            del self._to_profile[key]
+            name = f"profiling {key[0]}@{key[1]}"
+            self.scheduler.reserved[name] = gpus
+            self._logger.info("%s on GPUs %s", name, _gpus_label(gpus))
+            self._profiles[key] = self._profiler.submit(self._profile, params, list(gpus))
+
     async def _collect_profiles(self, now: float) -> None:
+        for key, future in self._profiles.items():  # done: its GPUs go back to the runs
+            if future.done():
+                self.scheduler.reserved.pop(f"profiling {key[0]}@{key[1]}", None)
+        self._start_profiles()
         for run_id, (flow_run, params, deadline, iterations) in list(self._profiling.items()):
             future = self._profiles.get((params.model, params.hyperparameters.global_batch_size, params.device))
             if future is None or not future.done():

@@ -137,3 +137,30 @@ def test_a_run_adopted_after_a_restart_stays_on_the_gpus_it_holds(tmp_path: Path
     assert result is not None and result.allocation["a"] == 2
     assert sched.runs["a"].target == (2, 3)
     assert [a for a in sched.actuate(T0) if a.run_id == "a"] == []  # nothing to tell it
+
+
+def test_gpus_reserved_for_profiling_are_not_handed_out_until_given_back(tmp_path: Path) -> None:
+    sched = _scheduler()
+    assert sched.free_block(2, largest=4) == (0, 1)
+    sched.reserved["profiling mlp@32"] = (0, 1)
+    assert sched.free_block(2, largest=4) == ()
+    sched.arrive(_run(tmp_path, "a", T0, 4000, T0 + 600))
+    result = sched.plan(T0)
+    assert result is not None and result.decisions[0].admitted
+    (action,) = sched.actuate(T0)
+    assert action.kind == "await"  # placed, but its GPUs are the profiler's
+    assert sched.gpu_map() == {0: "service:profiling mlp@32", 1: "service:profiling mlp@32"}
+    del sched.reserved["profiling mlp@32"]
+    (action,) = sched.actuate(T0 + 1)
+    assert action.kind == "launch" and action.gpus == (0, 1)
+    assert sched.free_block(2, largest=4) == ()  # now a's
+
+
+def test_the_free_block_for_profiling_is_aligned_and_skips_gpus_runs_hold(tmp_path: Path) -> None:
+    policy = ElasticFlowPolicy(Topology(1, 1, 8), interval=2.0, overhead=RestartOverhead(0.5, 0.5, 0.0))
+    sched = Scheduler(policy)
+    busy = Run("x", Job("x", T0, 10, None, CURVE), FileControlChannel("x", tmp_path), phase="running", held=(2,))
+    sched.runs["x"] = busy
+    assert sched.free_block(8, largest=4) == (4, 5, 6, 7)
+    sched.reserved["p"] = (4, 5, 6, 7)
+    assert sched.free_block(8, largest=4) == (0, 1)

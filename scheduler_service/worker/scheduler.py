@@ -42,6 +42,7 @@ class Run:
     pending_seq: int | None = None  # a command not yet acknowledged
     since: float = 0.0  # last (re)start: the restart overhead is paid from here
     share: int | None = None
+    adopted: bool = False  # admitted by an earlier life of the service: never rejected now
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +77,16 @@ class Scheduler:
     def arrive(self, run: Run) -> None:
         self.arrivals.append(run)
 
-    def adopt(self, run: Run) -> None:
-        """A run found running after a restart of the service: it is re-planned
-        with its real status; if the policy no longer guarantees it, it carries
-        on as best-effort (it is never rejected: it holds GPUs and has progress)."""
-        run.phase = "running"
-        self.policy.placer.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
+    def adopt(self, run: Run, running: bool = True) -> None:
+        """A run an earlier life of the service admitted, found after a restart:
+        running (it is re-planned with its real status and stays on its GPUs if
+        its width holds) or still waiting for GPUs. If the policy no longer
+        guarantees it, it carries on as best-effort: an admitted run is never
+        rejected afterwards."""
+        run.adopted = True
+        run.phase = "running" if running else "waiting"
+        if running:
+            self.policy.placer.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
         self.arrivals.append(run)
 
     def finish(self, run_id: str) -> None:
@@ -125,7 +130,7 @@ class Scheduler:
         )
         seconds = time.perf_counter() - started
         admitted = {d.job_id: d for d in reply.decisions if d.admitted}
-        adopted = {run.run_id for run in arrivals if run.phase == "running"}
+        adopted = {run.run_id for run in arrivals if run.adopted}
         for run in arrivals:
             if run.run_id in admitted:
                 run.share = admitted[run.run_id].share

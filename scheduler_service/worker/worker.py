@@ -223,9 +223,10 @@ class ElasticFlowWorker(ProcessWorker):
             if flow_run is None or state is None or state.is_final():
                 self.store.upsert_job(row.flow_run_id, status="finished", gpus="")
                 continue
-            if not (state.is_running() or state.is_pending()):
+            running = state.is_running() or state.is_pending()
+            if not running and not (state.is_scheduled() and row.status == "admitted"):
                 self.store.upsert_job(row.flow_run_id, status="arrived")
-                continue  # still Scheduled: taken in again by the next poll
+                continue  # not decided yet: taken in again by the next poll
             channel = FileControlChannel(
                 row.flow_run_id, (flow_run.parameters or {}).get("control_dir") or str(self.home / "control")
             )
@@ -243,12 +244,16 @@ class ElasticFlowWorker(ProcessWorker):
             job = Job(job_id=row.flow_run_id, submit_time=rel(row.submitted_at), iterations=row.iterations,
                       deadline=None if row.deadline is None else rel(row.deadline), curve=curve,
                       model=row.model, batch_size=row.global_batch_size)
-            run = Run(row.flow_run_id, job, channel, held=held, commanded=commanded, pending_seq=pending,
+            run = Run(row.flow_run_id, job, channel, held=held if running else (),
+                      commanded=commanded if running else (), pending_seq=pending if running else None,
                       since=now - 3600.0, share=row.share)
-            self.scheduler.adopt(run)
+            self.scheduler.adopt(run, running=running)
             self._seen.add(row.flow_run_id)
-            self._adopted.add(row.flow_run_id)
-            self._logger.info("adopted running flow run %s on GPUs %s", row.flow_run_id, _gpus_label(held))
+            if running:
+                self._adopted.add(row.flow_run_id)  # not our child: its end is read from Prefect
+                self._logger.info("adopted running flow run %s on GPUs %s", row.flow_run_id, _gpus_label(held))
+            else:
+                self._logger.info("adopted admitted flow run %s, still waiting for GPUs", row.flow_run_id)
 
     async def _watch_adopted(self) -> None:
         """Adopted runs are not our child processes: their end is read from Prefect."""

@@ -164,3 +164,17 @@ def test_the_free_block_for_profiling_is_aligned_and_skips_gpus_runs_hold(tmp_pa
     assert sched.free_block(8, largest=4) == (4, 5, 6, 7)
     sched.reserved["p"] = (4, 5, 6, 7)
     assert sched.free_block(8, largest=4) == (0, 1)
+
+
+def test_a_waiting_run_admitted_before_a_restart_is_launched_not_decided_again(tmp_path: Path) -> None:
+    sched = _scheduler()
+    # Admitted by the service's previous life with more room than it would get
+    # now (its deadline is too close for a fresh admission): it keeps its place.
+    waiting = Run("w", Job("w", T0 - 100, 36 * 600, T0 + 30, CURVE), FileControlChannel("w", tmp_path), share=2)
+    sched.adopt(waiting, running=False)
+    for now in (T0, T0 + 2):  # the policy cannot promise it now: next slot it goes on best-effort
+        result = sched.plan(now)
+        assert result is not None and all(d.admitted for d in result.decisions)  # never a rejection now
+    (action,) = sched.actuate(T0 + 2)
+    assert action.kind == "launch" and action.run_id == "w"
+    assert sched.runs["w"].job.deadline is None

@@ -51,10 +51,9 @@ class CheckpointInfo:
 
 def default_root() -> str:
     """`$ELASTICFLOW_HOME/checkpoints` (default `~/.elasticflow/checkpoints`)."""
-    import os
+    from elasticflow_block.home import elasticflow_home
 
-    home = os.environ.get("ELASTICFLOW_HOME") or str(Path.home() / ".elasticflow")
-    return str(Path(home) / "checkpoints")
+    return str(elasticflow_home() / "checkpoints")
 
 
 class _HashingWriter:

@@ -31,6 +31,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict
 
 from elasticflow_block.deadline import HistoryPolicy, resolve_sla
+from elasticflow_block.home import elasticflow_home
 from elasticflow_block.pipeline import TrainedModel, TrainingRejected, train_model
 
 DEFAULT_SLA = "06:00Z"  # a time of day: the next 06:00 UTC after the run starts
@@ -40,10 +41,6 @@ DOWNSTREAM = ["evaluate", "register"]  # task names after training, learned from
 HISTORY = HistoryPolicy(statistic="p90", last_n=20, safety_factor=1.5, fallback=timedelta(minutes=1))
 MARGIN = timedelta(seconds=30)
 FEATURES, CLASSES = 32, 10
-
-
-def elasticflow_home() -> Path:
-    return Path(os.environ.get("ELASTICFLOW_HOME") or Path.home() / ".elasticflow")
 
 
 class PreparedData(BaseModel):

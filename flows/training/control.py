@@ -52,8 +52,9 @@ class ControlChannel(Protocol):
 
 
 def default_control_root() -> Path:
-    home = os.environ.get("ELASTICFLOW_HOME") or str(Path.home() / ".elasticflow")
-    return Path(home) / "control"
+    from elasticflow_block.home import elasticflow_home
+
+    return elasticflow_home() / "control"
 
 
 def write_json_atomic(path: Path, text: str) -> None:

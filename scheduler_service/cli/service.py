@@ -22,8 +22,9 @@ errors = Console(stderr=True)
 
 
 def _home(home: Optional[Path]) -> Path:
-    chosen = home or Path(os.environ.get("ELASTICFLOW_HOME") or Path.home() / ".elasticflow")
-    chosen = chosen.expanduser().resolve()
+    from elasticflow_block.home import elasticflow_home
+
+    chosen = (home or elasticflow_home()).expanduser().resolve()
     chosen.mkdir(parents=True, exist_ok=True)
     return chosen
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel, create_engine
 
+from elasticflow_block.home import elasticflow_home
+
 DATABASE_URL_ENV = "ELASTICFLOW_DATABASE_URL"
-
-
-def elasticflow_home() -> Path:
-    return Path(os.environ.get("ELASTICFLOW_HOME") or Path.home() / ".elasticflow")
 
 
 def database_url() -> str:

@@ -3,7 +3,7 @@ when it rewrites the artifact, and when a deadline is reported at risk."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from flows.training.control import FileControlChannel

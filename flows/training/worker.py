@@ -39,11 +39,20 @@ from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, S
 log = logging.getLogger("elasticflow.worker")
 
 _terminated = False
+_parent_pid = os.getppid()  # the flow process that launched this worker
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _terminated
     _terminated = True
+
+
+def _orphaned() -> bool:
+    """The flow process is gone (SIGKILLed: Prefect's hard kill of a cancelled
+    run reaches its PID only, not its workers). Stop and checkpoint at this
+    boundary instead of training on for nobody, on GPUs the scheduler has
+    given to someone else."""
+    return os.getppid() != _parent_pid
 
 
 def build_optimizer(model: torch.nn.Module, spec: SegmentSpec) -> torch.optim.Optimizer:
@@ -187,8 +196,10 @@ class Worker:
         while self.iteration < min(spec.stop_at, spec.total_iterations):
             local = self.step()
             # [summed loss, stop votes, terminate votes]: one collective per iteration.
+            terminate = _terminated or _orphaned()
             flags = torch.tensor(
-                [local, float(self.stop_requested()), float(_terminated)], dtype=torch.float64, device=self.device
+                [local, float(self.stop_requested() or terminate), float(terminate)],
+                dtype=torch.float64, device=self.device,
             )
             dist.all_reduce(flags)
             flags = flags.cpu()

@@ -136,6 +136,8 @@ class ElasticFlowWorker(ProcessWorker):
         self._adopted: set[str] = set()  # running runs found after a restart (not our children)
         self._flow_names: dict[Any, str] = {}  # flow id -> flow name
         self._names: dict[str, str] = {}  # flow run id -> flow run name, for the cluster view
+        self._launched_at: dict[str, float] = {}  # launch -> first iteration: what a start really costs
+        self._warned_start_s = 0.0
         # Deadline at risk: projected finish within one slot of the deadline.
         self.view = ClusterView(self.cluster, margin_s=self.interval)
 
@@ -301,8 +303,27 @@ class ElasticFlowWorker(ProcessWorker):
                 return TRAIN_FLOW
         return self._flow_names[flow_run.flow_id]
 
+    def _check_start_cost(self) -> None:
+        """The plans charge `overhead` per start; warn when runs take longer to
+        reach their first iteration, since admitted deadlines rest on it."""
+        for run_id, launched in list(self._launched_at.items()):
+            run = self.scheduler.runs.get(run_id)
+            status = (run.channel.status() if run is not None else None) or {}
+            if run is None or run.phase == "finished":
+                del self._launched_at[run_id]
+            elif int(status.get("iteration") or 0) > 0:  # type: ignore[call-overload]
+                del self._launched_at[run_id]
+                took, charged = time.time() - launched, self.overhead(len(run.commanded) or 1)
+                if took > 1.5 * charged and took > 1.2 * self._warned_start_s:
+                    self._warned_start_s = took
+                    self._logger.warning(
+                        "flow run %s took %.1f s from launch to its first iteration; plans charge %.1f s per "
+                        "start: admitted runs with tight deadlines may miss them. Set %s to what starts cost here",
+                        run_id, took, charged, RESTART_ENV)
+
     async def _show_cluster(self, now: float) -> None:
         """Keep the cluster artifact current; tell automations about deadlines at risk."""
+        self._check_start_cost()
         snapshot = self.view.snapshot(self.scheduler.runs, self._names, self._projected, now)
         for change, job in self.view.risk_changes(snapshot):
             emit_risk(self._event, change, job)
@@ -542,6 +563,8 @@ class ElasticFlowWorker(ProcessWorker):
             "action": action.kind, "gpus": list(action.gpus), "world_size": len(action.gpus),
             "nodes": self.cluster.nodes_of(action.gpus),
         })
+        if action.kind == "launch":
+            self._launched_at[run_id] = time.time()
         return action.kind == "launch"
 
     async def _record(self, run_id: str, action: str, gpus: tuple[int, ...] | list[int], share: int | None = None,

@@ -16,6 +16,7 @@ runs to jobs, decisions to states, labels, events and launches.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -154,6 +155,9 @@ class ElasticFlowWorker(ProcessWorker):
             self.interval,
         )
         await self._recover()
+        # The first take-in would otherwise pay for importing the train flow's
+        # parameter model (and torch with it): about 4 s on a small machine.
+        await anyio.to_thread.run_sync(importlib.import_module, "flows.training.params")
         if self.interval < 2 * self.overhead(1):
             self._logger.warning(
                 "slot %.1f s is under two restarts (%.1f s): no spare GPUs will be granted early; "

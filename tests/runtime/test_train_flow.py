@@ -78,7 +78,13 @@ def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Pat
 
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(uuid.UUID(flow_run_id))
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        # Task runs reach the server as events, ingested asynchronously: wait for both.
+        deadline = time.time() + 30
+        while True:
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            if len(tasks) >= 2 and all(t.state and t.state.is_completed() for t in tasks) or time.time() > deadline:
+                break
+            time.sleep(0.5)
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
         )

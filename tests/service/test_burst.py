@@ -64,10 +64,10 @@ def _double_bookings(allocations: list) -> list[str]:
 
 
 def test_fifty_submissions_at_once_are_all_decided_and_no_gpu_is_double_booked(stack: Stack) -> None:
-    # 60 s of work each at one slot's profiled rate, due in 120 s: two slots hold
-    # a few of them; the rest must be turned away with a later feasible deadline.
+    # 90 s of work each at one slot's profiled rate, due in 120 s: each slot
+    # holds one; the rest must be turned away with a later feasible deadline.
     deadline = datetime.now(timezone.utc) + timedelta(seconds=120)
-    run_ids = asyncio.run(_submit_all(BURST, {"iterations": 20 * 60, "deadline": deadline.isoformat(),
+    run_ids = asyncio.run(_submit_all(BURST, {"iterations": 20 * 90, "deadline": deadline.isoformat(),
                                               "checkpoint_interval": 2000}))
     wanted = set(run_ids)
 
@@ -79,7 +79,7 @@ def test_fifty_submissions_at_once_are_all_decided_and_no_gpu_is_double_booked(s
     latest = stack.wait_until(decided, 180, f"all {BURST} submissions to be decided")
     admitted = [r for r, d in latest.items() if d.admitted]
     rejected = [d for d in latest.values() if not d.admitted]
-    assert 1 <= len(admitted) <= 4, len(admitted)  # 2 slots x 120 s hold at most 4 runs of 60 slot-seconds
+    assert 1 <= len(admitted) <= 2, len(admitted)  # 2 slots x 120 s hold at most 2 runs of 90 slot-seconds
     # Most are turned away because the admitted ones hold the slots; on a busy
     # machine the last few may be decided when too little time is left at all.
     reasons = [d.reason for d in rejected]

@@ -4,7 +4,6 @@ started with `prefect worker start`, `train` flow runs of a tiny MLP."""
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 
 import pytest
@@ -143,10 +142,6 @@ def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_plac
     assert all(action != "launch" for action, _ in _allocations(stack, dropped))
 
 
-@pytest.mark.skipif(
-    not os.environ.get("ELASTICFLOW_SERVICE_RESTART_TEST"),
-    reason="about a minute more; set ELASTICFLOW_SERVICE_RESTART_TEST=1 to run",
-)
 def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack) -> None:
     run_id = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=250)
     status = stack.home / "control" / run_id / "status.json"

@@ -157,6 +157,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"),
         "ELASTICFLOW_INTERVAL_S": "2",
         "ELASTICFLOW_RESTART_S": "0.5",
+        # Deadlines in these tests are tight on purpose; nothing is kept for starts.
+        "ELASTICFLOW_LAUNCH_S": "0",
     }
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():

@@ -73,8 +73,7 @@ def demo(
 ) -> None:
     """The real thing on this machine: start the stack, submit training runs with
     deadlines (one infeasible, one that forces a resize), show every decision and
-    GPU change, each run's outcome, then stop. Exits 1 if an admitted run failed
-    or missed its deadline."""
+    GPU change, each run's outcome, then stop. Exits 1 if an admitted run failed."""
     import tempfile
 
     from scheduler_service.service.demo import run_demo

@@ -68,7 +68,7 @@ class ClusterView:
                 status=run.phase, share=run.share, gpus=sorted(run.held),
                 iterations_done=float(status.get("iteration") or 0), iterations_total=run.job.iterations,
                 projected_finish=datetime.fromisoformat(finish) if finish else _dt(projected.get(run_id)),
-                deadline=_dt(run.job.deadline),
+                deadline=_dt(run.deadline),
             ))
         self._retire({job.flow_run_id for job in jobs}, runs, now)
         self._live = {job.flow_run_id: job for job in jobs}

@@ -43,6 +43,15 @@ class Run:
     since: float = 0.0  # last (re)start: the restart overhead is paid from here
     share: int | None = None
     adopted: bool = False  # admitted by an earlier life of the service: never rejected now
+    # Seconds kept in front of the deadline for the run's start (launch to first
+    # iteration), beyond the restart the plans charge: the policy sees
+    # `deadline - reserve`, users see `deadline`.
+    reserve: float = 0.0
+
+    @property
+    def deadline(self) -> float | None:
+        """The user's deadline (the policy plans against it minus `reserve`)."""
+        return None if self.job.deadline is None else self.job.deadline + self.reserve
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length = poll interval (default 5 s)
 RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5 s to stop (default 2 s)
+LAUNCH_ENV = "ELASTICFLOW_LAUNCH_S"  # launch -> first iteration of a new run (unset: 15 s, raised by starts seen)
 PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
 
 PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
@@ -118,6 +119,12 @@ class ElasticFlowWorker(ProcessWorker):
         # Spare GPUs are granted only if the grant pays for its restart and for
         # the one taken back within a slot: the slot must exceed two restarts.
         self.overhead = RestartOverhead(stop_s=0.5, restart_s=restart, per_level_s=0.0)
+        # A new run's start (a flow process, imports, workers) costs more than a
+        # resize of a running one; the difference is kept in front of its deadline.
+        self.launch_s = float(os.environ.get(LAUNCH_ENV) or 15.0)
+        self._learn_starts = not os.environ.get(LAUNCH_ENV)  # a value set by the operator is kept as is
+        self._starts: list[float] = []  # seconds from launch to first iteration, latest last
+        self._reserve_of: dict[str, float] = {}
         self.cluster = cluster_mod.load()
         self.policy = ElasticFlowPolicy(self.cluster.topology, interval=self.interval, overhead=self.overhead)
         self.scheduler = Scheduler(self.policy)
@@ -318,12 +325,21 @@ class ElasticFlowWorker(ProcessWorker):
             elif int(status.get("iteration") or 0) > 0:  # type: ignore[call-overload]
                 del self._launched_at[run_id]
                 took, charged = time.time() - launched, self.overhead(len(run.commanded) or 1)
-                if took > 1.5 * charged and took > 1.2 * self._warned_start_s:
+                self._starts = [*self._starts[-9:], took]
+                if took > 1.5 * max(charged, self.launch_s) and took > 1.2 * self._warned_start_s:
                     self._warned_start_s = took
                     self._logger.warning(
                         "flow run %s took %.1f s from launch to its first iteration; plans charge %.1f s per "
-                        "start: admitted runs with tight deadlines may miss them. Set %s to what starts cost here",
-                        run_id, took, charged, RESTART_ENV)
+                        "start and keep %.1f s for a launch: admitted runs with tight deadlines may miss them. "
+                        "New runs now keep the most of the last ten starts; set %s to what starts cost here",
+                        run_id, took, charged, self.launch_reserve() + charged, LAUNCH_ENV)
+
+    def launch_reserve(self) -> float:
+        """Seconds kept in front of a new run's deadline for its start, beyond the
+        restart the plans charge: `ELASTICFLOW_LAUNCH_S` if set; else 15 s or
+        the longest of the last ten starts seen, whichever is larger."""
+        seen = self._starts if self._learn_starts else []
+        return max(0.0, max([self.launch_s, *seen]) - self.overhead(1))
 
     async def _show_cluster(self, now: float) -> None:
         """Keep the cluster artifact current; tell automations about deadlines at risk."""
@@ -468,10 +484,13 @@ class ElasticFlowWorker(ProcessWorker):
             curve = ThroughputCurve(points)
         except ValueError:
             curve = ThroughputCurve({1: 1e-9})  # nothing measurable: the policy says no usable GPU count
-        job = Job(job_id=str(flow_run.id), submit_time=now, iterations=iterations, deadline=deadline, curve=curve,
+        reserve = self.launch_reserve() if deadline is not None else 0.0
+        self._reserve_of[str(flow_run.id)] = reserve
+        job = Job(job_id=str(flow_run.id), submit_time=now, iterations=iterations,
+                  deadline=None if deadline is None else deadline - reserve, curve=curve,
                   model=params.model, batch_size=params.hyperparameters.global_batch_size)
         root = params.control_dir or str(self.home / "control")
-        self.scheduler.arrive(Run(str(flow_run.id), job, FileControlChannel(str(flow_run.id), root)))
+        self.scheduler.arrive(Run(str(flow_run.id), job, FileControlChannel(str(flow_run.id), root), reserve=reserve))
 
     # -- decisions and actions -> Prefect ---------------------------------------
     async def _publish(self, result: PlanResult, now: float) -> None:
@@ -489,8 +508,14 @@ class ElasticFlowWorker(ProcessWorker):
         async def reject(decision: Decision) -> None:
             async with gate:
                 entry = self._responses[decision.job_id]
+                reserve = self._reserve_of.pop(decision.job_id, 0.0)
+                earliest = decision.earliest_feasible_deadline
+                message = decision.message
+                if reserve:
+                    message += f" (a run takes about {reserve + self.overhead(1):.0f} s to start here)"
                 await self._reject(entry.flow_run, decision.reason.value if decision.reason else "rejected",
-                                   decision.message, decision.earliest_feasible_deadline, now, decision, result.seconds)
+                                   message, None if earliest is None else earliest + reserve, now, decision,
+                                   result.seconds)
 
         async with anyio.create_task_group() as group:
             for decision in result.decisions:
@@ -588,7 +613,7 @@ class ElasticFlowWorker(ProcessWorker):
         lines = []
         if run is not None:
             job = run.job
-            deadline = _iso(job.deadline) if job.deadline is not None else "none (best-effort)"
+            deadline = _iso(run.deadline) if run.deadline is not None else "none (best-effort)"
             lines.append(f"**{job.model}**, {job.iterations:.0f} iterations, deadline {deadline}, "
                          f"minimum satisfactory share {run.share if run.share is not None else share}")
         if guaranteed_finish is not None:
@@ -670,7 +695,7 @@ class ElasticFlowWorker(ProcessWorker):
                 "ELASTICFLOW_NODES": ",".join(configuration.nodes),
                 # The deadline it was admitted with: a relative one (`+10m`) stays
                 # what it meant at submission, and a late start still trains.
-                "ELASTICFLOW_DEADLINE": _iso(placed.job.deadline) or "",
+                "ELASTICFLOW_DEADLINE": _iso(placed.deadline) or "",
             })
         if not configuration._command_configured:
             from prefect.utilities.processutils import command_to_string, get_sys_executable

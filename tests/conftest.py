@@ -1,3 +1,5 @@
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,3 +12,16 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+@pytest.fixture(autouse=True)
+def _events_follow_the_current_server() -> Iterator[None]:
+    """Prefect keeps one events worker per process, bound to the server it
+    first talked to. Tests start and stop servers (the UI test's own, a test
+    harness per module), and a worker bound to a stopped one drops every event,
+    task-run states included: each test starts with none, so the next emit
+    binds to the current server."""
+    events = sys.modules.get("prefect.events.worker")
+    if events is not None:
+        events.EventsWorker.drain_all()
+    yield

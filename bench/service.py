@@ -92,19 +92,6 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def kill_leftovers(home: Path) -> None:
-    """Flow processes run in their own sessions; they all carry our ELASTICFLOW_HOME."""
-    marker = f"ELASTICFLOW_HOME={home}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
-
-
 def wait_for(predicate: Any, timeout_s: float, what: str, logs: list[Path], every_s: float = 0.1) -> Any:
     """Poll `predicate`; API polls should be sparse: the benchmark's own requests
     take CPU from the server and the flow process it measures."""
@@ -385,7 +372,9 @@ def main() -> int:
         finally:
             for process in reversed(procs):
                 stop(process)
-            kill_leftovers(tmp / "home")
+            from scheduler_service.service.stack import stop_processes_of
+
+            stop_processes_of(tmp / "home", grace_s=0.0)
 
     def med(values: list[dict[str, float]], key: str) -> float:
         return statistics.median(v[key] for v in values)

@@ -132,24 +132,16 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _kill_processes_of(home: Path) -> None:
-    """SIGKILL every process started for this stack that is still alive: flow
-    processes run in their own sessions (Prefect isolates them), so a failed
-    test can leave them behind; they all carry ELASTICFLOW_HOME=<home>."""
-    marker = f"ELASTICFLOW_HOME={home}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
+    """SIGKILL what a failed test may leave behind of the stack at `home`."""
+    from scheduler_service.service.stack import stop_processes_of
+
+    stop_processes_of(home, grace_s=0.0)
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    base = tmp_path_factory.mktemp("service")
-    env = {
+def stack_settings(base: Path) -> dict[str, str]:
+    """The environment of a test stack under `base`: its own Prefect home, a
+    2-slot CPU cluster, 2 s slots, cheap restarts."""
+    return {
         "PREFECT_HOME": str(base / "prefect"),
         "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -160,6 +152,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Deadlines in these tests are tight on purpose; nothing is kept for starts.
         "ELASTICFLOW_LAUNCH_S": "0",
     }
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    base = tmp_path_factory.mktemp("service")
+    env = stack_settings(base)
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)

@@ -4,7 +4,8 @@ ElasticFlow worker, each a child process with its log under `<home>/logs`.
 
 `elasticflow up` holds it open in the foreground; `elasticflow demo` drives
 it. Leaving the context stops everything, flow processes included, in order:
-the worker first (it stops its runs), then the server.
+the worker first, then the flow processes still running (they checkpoint on
+SIGTERM), then the server.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def stack_env(home: Path, port: int) -> dict[str, str]:
     }
 
 
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 90.0) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if process.poll() is not None:
@@ -106,6 +107,40 @@ def stop_process(process: subprocess.Popen[bytes] | None) -> None:
         pass
 
 
+def stop_processes_of(home: Path, grace_s: float = 10.0) -> None:
+    """Stop every process started for the stack at `home` that is still alive.
+    Flow processes run in their own sessions (so a crashed worker does not take
+    them along), out of reach of a signal to the worker's group; they all carry
+    ELASTICFLOW_HOME=<home>. SIGTERM first (training checkpoints on it), then
+    SIGKILL after `grace_s`."""
+    marker = f"ELASTICFLOW_HOME={home}".encode()
+
+    def alive() -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        return found
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        pids = alive()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.time() + wait_s
+        while time.time() < end and alive():
+            time.sleep(0.2)
+
+
 @contextmanager
 def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
                 models: tuple[str, ...] | None = None, schedules: bool = True) -> Iterator[LocalStack]:
@@ -124,7 +159,7 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     try:
         server = _spawn(["server", "start", "--host", "127.0.0.1", "--port", str(port)], settings,
                         logs / "server.log")
-        _wait_healthy(settings["PREFECT_API_URL"], server)
+        wait_healthy(settings["PREFECT_API_URL"], server)
         asyncio.run(ensure_pool(POOL))
         worker = _spawn(["worker", "start", "--pool", POOL], settings, logs / "worker.log")  # boots meanwhile
         with open(logs / "deploy.log", "a") as log, redirect_stdout(log):  # Prefect prints a table per deploy
@@ -134,5 +169,6 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
                          server, worker)
     finally:
         stop_process(worker)
+        stop_processes_of(home)  # flow runs still going: they checkpoint and stop
         stop_process(server)
 

@@ -22,8 +22,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.conftest import MLP_CURVE, POOL, ROOT, Stack, _kill_processes_of, _stop
+from tests.stack import MLP_CURVE, POOL, ROOT, Stack, _kill_processes_of, _stop, stack_settings
 
 pytestmark = pytest.mark.slow
 
@@ -84,18 +82,12 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {
-        "PREFECT_HOME": str(base / "prefect"),
+        **stack_settings(base),
         "PREFECT_API_URL": api_url,
         "PREFECT_UI_API_URL": api_url,
         # the UI's static files are copied on first start: into our folder, not site-packages
         "PREFECT_UI_STATIC_DIRECTORY": str(base / "ui-static"),
         "PREFECT_UI_ENABLED": "true",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "ELASTICFLOW_HOME": str(base / "home"),
-        "ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"),
-        "ELASTICFLOW_INTERVAL_S": "2",
-        "ELASTICFLOW_RESTART_S": "0.5",
     }
     server_log = base / "server.log"
     server = subprocess.Popen(
@@ -133,18 +125,12 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
 
 
 def _wait_healthy(api_url: str, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"prefect server exited ({server.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"prefect server not healthy after {timeout_s} s:\n{log.read_text()[-3000:]}")
+    from scheduler_service.service.stack import wait_healthy
+
+    try:
+        wait_healthy(api_url, server, timeout_s)
+    except RuntimeError as exc:
+        raise AssertionError(f"{exc}:\n{log.read_text()[-3000:]}") from None
 
 
 @pytest.fixture(scope="module")

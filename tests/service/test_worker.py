@@ -142,6 +142,21 @@ def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_plac
     assert all(action != "launch" for action, _ in _allocations(stack, dropped))
 
 
+def test_a_model_never_profiled_is_profiled_on_free_slots_then_admitted(stack: Stack) -> None:
+    from scheduler_service.store import get_curve
+    from scheduler_service.store.db import get_engine
+
+    run_id = stack.submit(iterations=60, deadline="+10m", hyperparameters={"global_batch_size": 16},
+                          checkpoint_interval=500)
+    run = stack.wait_final(run_id, 240)
+    assert run.state.is_completed(), run.state
+    names = _state_names(run_id)
+    assert names.index("Profiling") < names.index("Admitted") < names.index("Running")
+    curve = get_curve("mlp", 16, engine=get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}"))
+    assert curve is not None and set(curve) == {1, 2}  # both slots were free to measure on
+    assert "profiling mlp@16 on GPUs 0,1" in stack.worker_log.read_text()
+
+
 def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack) -> None:
     run_id = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=250)
     status = stack.home / "control" / run_id / "status.json"
@@ -156,18 +171,3 @@ def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack)
     assert done.run_count == 1  # the same flow run, never restarted
     assert json.loads(status.read_text())["iteration"] == 2500
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the new worker to release it")
-
-
-def test_a_model_never_profiled_is_profiled_on_free_slots_then_admitted(stack: Stack) -> None:
-    from scheduler_service.store import get_curve
-    from scheduler_service.store.db import get_engine
-
-    run_id = stack.submit(iterations=60, deadline="+10m", hyperparameters={"global_batch_size": 16},
-                          checkpoint_interval=500)
-    run = stack.wait_final(run_id, 240)
-    assert run.state.is_completed(), run.state
-    names = _state_names(run_id)
-    assert names.index("Profiling") < names.index("Admitted") < names.index("Running")
-    curve = get_curve("mlp", 16, engine=get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}"))
-    assert curve is not None and set(curve) == {1, 2}  # both slots were free to measure on
-    assert "profiling mlp@16 on GPUs 0,1" in stack.worker_log.read_text()

@@ -21,15 +21,25 @@ async def _submit_all(count: int, parameters: dict) -> list[str]:
     # Eight requests in flight: Prefect's own server on SQLite answers 503
     # ("database is locked") to fifty simultaneous writes. The worker still
     # finds all fifty waiting at its next poll.
+    # Even so it sometimes does: a user's client would retry, so does this one.
+    from prefect.exceptions import PrefectHTTPStatusError
+
     gate = asyncio.Semaphore(8)
     async with get_client() as client:
         deployment = await client.read_deployment_by_name("train/mlp")
 
         async def create(i: int) -> str:
-            async with gate:
-                run = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters,
-                                                                   name=f"burst-{i}")
-            return str(run.id)
+            for attempt in range(5):
+                try:
+                    async with gate:
+                        run = await client.create_flow_run_from_deployment(
+                            deployment.id, parameters=parameters, name=f"burst-{i}")
+                    return str(run.id)
+                except PrefectHTTPStatusError as exc:
+                    if exc.response.status_code != 503 or attempt == 4:
+                        raise
+                    await asyncio.sleep(1.0 + attempt)
+            raise AssertionError("unreachable")
 
         return list(await asyncio.gather(*(create(i) for i in range(count))))
 

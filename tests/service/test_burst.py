@@ -89,7 +89,10 @@ def test_fifty_submissions_at_once_are_all_decided_and_no_gpu_is_double_booked(s
     latest = stack.wait_until(decided, 180, f"all {BURST} submissions to be decided")
     admitted = [r for r, d in latest.items() if d.admitted]
     rejected = [d for d in latest.values() if not d.admitted]
-    assert 1 <= len(admitted) <= 2, len(admitted)  # 2 slots x 120 s hold at most 2 runs of 90 slot-seconds
+    # 2 slots x 120 s hold 2 runs of 90 slot-seconds planned at once; a
+    # submission decided after an admitted run finished early (the CPU beats its
+    # seeded profile) may take its place, never more at once (checked below).
+    assert 1 <= len(admitted) <= BURST // 10, len(admitted)
     # Most are turned away because the admitted ones hold the slots; on a busy
     # machine the last few may be decided when too little time is left at all.
     reasons = [d.reason for d in rejected]

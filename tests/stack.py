@@ -114,21 +114,9 @@ class Stack:
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
     """Stop the worker and every flow process it started (its process group)."""
-    for sig, wait_s in ((signal.SIGINT, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait_s)
-            if sig == signal.SIGKILL:
-                return
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # flow processes may outlive the worker in the group
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    from scheduler_service.service.stack import stop_process
+
+    stop_process(process)
 
 
 def _kill_processes_of(home: Path) -> None:

@@ -103,9 +103,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
             self.jobs[job.job_id] = job
             return Decision(job_id=job.job_id, admitted=True, message="best-effort: runs on spare GPUs")
         now = slot * self.clock.interval
-        if job.deadline <= now:
-            return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed")
         cand = Candidate(job, status[job.job_id], levels, migration_allowance(job, levels, self.clock))
+        if job.deadline <= now:  # still says what deadline would have been accepted now
+            return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed",
+                                earliest_deadline(cand, slot, self.timeline, self.clock))
         if not self.admission:
             self.jobs[job.job_id] = job
             self._replan_in_deadline_order(slot, status)

@@ -29,6 +29,8 @@ def test_deadline_in_the_past_is_rejected_with_that_reason():
     policy = make_policy("elasticflow", TOPO)
     (decision,) = policy.schedule(SchedulingRequest(600.0, [job("a", 10, 300)])).decisions
     assert not decision.admitted and decision.reason is RejectReason.DEADLINE_PASSED
+    # what to resubmit with: later than now, no later than running alone from now would need
+    assert 600.0 < decision.earliest_feasible_deadline <= 600.0 + 300 + 10 * 60
 
 
 def test_too_much_work_even_alone_names_the_earliest_deadline_that_works():

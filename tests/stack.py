@@ -139,6 +139,8 @@ def stack_settings(base: Path) -> dict[str, str]:
         "ELASTICFLOW_RESTART_S": "0.5",
         # Deadlines in these tests are tight on purpose; nothing is kept for starts.
         "ELASTICFLOW_LAUNCH_S": "0",
+        # A hung profile fails its run with the ranks' logs well before a test gives up.
+        "ELASTICFLOW_PROFILE_TIMEOUT_S": "150",
     }
 
 

@@ -123,10 +123,26 @@ class Segment:
         path = self.dir / f"rank{rank}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
-    def wait(self, on_progress: ProgressCallback | None = None, poll_s: float = 0.05) -> SegmentResult:
-        """Block until every worker exits; crash handling kills the survivors."""
+    def wait(
+        self, on_progress: ProgressCallback | None = None, poll_s: float = 0.05, timeout_s: float | None = None
+    ) -> SegmentResult:
+        """Block until every worker exits; crash handling kills the survivors.
+
+        `timeout_s`: for segments that must end on their own (a profile), a hang
+        (a rendezvous that never completes, a stuck collective) is reported as a
+        crash with the ranks' logs instead of blocking the caller for ever."""
+        give_up = None if timeout_s is None else time.time() + timeout_s
         while True:
             codes = [p.poll() for p in self.procs]
+            if give_up is not None and time.time() > give_up and any(c is None for c in codes):
+                self.kill(grace_s=2.0)
+                logs = " | ".join(f"rank {r}: {self._log_tail(r, 600)}" for r in range(len(self.procs)))
+                log.warning("segment timed out run_key=%s after=%.0fs dir=%s", self.spec.run_key, timeout_s, self.dir)
+                return SegmentResult(
+                    gpus=self.gpus, start_iteration=-1, end_iteration=-1, reason="crashed",
+                    timings=SegmentTimings(launch_t=self.launch_t, end_t=time.time()),
+                    error=f"did not finish in {timeout_s:.0f} s (exit codes {codes}): {logs}",
+                )
             for line in self.poll_progress():
                 if on_progress:
                     on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
@@ -172,13 +188,17 @@ def prune_segment_dirs(folder: Path, keep: int = 5) -> None:
 
 
 def run_segment(
-    spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback | None = None, workdir: Path | None = None
+    spec: SegmentSpec,
+    gpus: list[int],
+    on_progress: ProgressCallback | None = None,
+    workdir: Path | None = None,
+    timeout_s: float | None = None,
 ) -> SegmentResult:
     """Launch, supervise and collect one segment."""
     segment = Segment(spec, gpus, workdir)
     segment.start()
     try:
-        return segment.wait(on_progress)
+        return segment.wait(on_progress, timeout_s=timeout_s)
     except BaseException:
         segment.kill(grace_s=2.0)
         raise

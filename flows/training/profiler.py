@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 import uuid
 from typing import Any
 
@@ -41,12 +42,15 @@ def profile_throughput(
     model_kwargs: dict[str, Any] | None = None,
     dataset: str | dict[str, Any] | None = None,
     gpu_ids: list[int] | None = None,
+    timeout_s: float | None = None,
 ) -> dict[int, float]:
     """GPU count -> measured iterations/s. Checkpoints go to a temporary folder.
 
     `gpu_ids`: the devices to measure on (the first `count` of them for each
     count), so a service can profile on GPUs nobody else is using; default
-    0, 1, 2..."""
+    0, 1, 2... `timeout_s`: for all counts together; past it the measurement
+    is stopped and RuntimeError says so, with the ranks' logs, so a service
+    never waits on a hung profile with GPUs reserved for it."""
     bad = [g for g in gpu_counts if g < 1 or g & (g - 1)]
     if bad:
         raise ValueError(f"GPU counts must be powers of two, got {bad}")
@@ -64,6 +68,7 @@ def profile_throughput(
         gpu_plan=[ids[: max(gpu_counts)]],
         device=device,  # type: ignore[arg-type]
     )
+    give_up = None if timeout_s is None else time.time() + timeout_s
     scratch = tempfile.mkdtemp(prefix="elasticflow-profile-")
     curve: dict[int, float] = {}
     try:
@@ -81,7 +86,8 @@ def profile_throughput(
                 device=default_device(device),
                 save_at_end=False,
             )
-            result = run_segment(spec, ids[:count], workdir=None)
+            left = None if give_up is None else max(0.0, give_up - time.time())
+            result = run_segment(spec, ids[:count], workdir=None, timeout_s=left)
             if result.reason == "crashed":
                 raise RuntimeError(f"profiling {model} on {count} GPUs failed: {result.error}")
             curve[count] = steady_rate(result, warmup)

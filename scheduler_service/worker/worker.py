@@ -20,6 +20,7 @@ import importlib
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -48,6 +49,7 @@ INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length = poll interval (default 
 RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5 s to stop (default 2 s)
 LAUNCH_ENV = "ELASTICFLOW_LAUNCH_S"  # launch -> first iteration of a new run (unset: 15 s, raised by starts seen)
 PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
+PROFILE_TIMEOUT_ENV = "ELASTICFLOW_PROFILE_TIMEOUT_S"  # longest wait in Profiling, for GPUs or a measurement (600 s)
 
 PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
 TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
@@ -64,6 +66,21 @@ def _iso(seconds: float | None) -> str | None:
 
 def _gpus_label(gpus: tuple[int, ...] | list[int]) -> str:
     return ",".join(map(str, gpus))
+
+
+@dataclass
+class _AwaitingProfile:
+    """A run in Profiling: taken in, waiting for its model's throughput curve."""
+
+    flow_run: FlowRun
+    params: Any
+    deadline: float | None
+    iterations: float
+    since: float
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.params.model, self.params.hyperparameters.global_batch_size, self.params.device)
 
 
 class ElasticFlowJobConfiguration(ProcessJobConfiguration):
@@ -136,7 +153,9 @@ class ElasticFlowWorker(ProcessWorker):
         self._profiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticflow-profile")
         self._profiles: dict[tuple[str, int, str], Future[dict[int, float]]] = {}
         self._to_profile: dict[tuple[str, int, str], Any] = {}  # models waiting for free GPUs to profile on
-        self._profiling: dict[str, tuple[FlowRun, Any, float | None, float]] = {}
+        self._profile_blocked: set[tuple[str, int, str]] = set()  # already logged as waiting for GPUs
+        self._profiling: dict[str, _AwaitingProfile] = {}
+        self.profile_timeout = float(os.environ.get(PROFILE_TIMEOUT_ENV) or 600.0)
         self.decision_seconds: list[float] = []
         self._projected: dict[str, float] = {}  # policy's projected finish per run (policy clock)
         self._history: dict[str, list[dict[str, str]]] = {}  # allocation history per run, for its artifact
@@ -379,7 +398,7 @@ class ElasticFlowWorker(ProcessWorker):
         if curve is None:
             if key not in self._profiles:
                 self._to_profile.setdefault(key, params)  # started once GPUs are free (_collect_profiles)
-            self._profiling[run_id] = (flow_run, params, deadline, iterations)
+            self._profiling[run_id] = _AwaitingProfile(flow_run, params, deadline, iterations, since=now)
             await self._wait_state(flow_run.id, PROFILING, now, "profiling the throughput of this model on first use")
             return
         self._queue(flow_run, params, deadline, iterations, curve, now)
@@ -435,6 +454,7 @@ class ElasticFlowWorker(ProcessWorker):
             params.model, params.hyperparameters.global_batch_size, counts, iterations=iterations,
             warmup=min(3, iterations - 2), device=self.cluster.device, model_kwargs=params.model_kwargs,
             dataset=params.dataset.model_dump() if params.dataset is not None else None, gpu_ids=gpus,
+            timeout_s=self.profile_timeout,
         )
         save_curve(params.model, params.hyperparameters.global_batch_size, curve, device=self.cluster.device)
         return curve
@@ -448,7 +468,12 @@ class ElasticFlowWorker(ProcessWorker):
                       4 if self.cluster.device == "cpu" else self.cluster.topology.max_job_gpus)
             gpus = self.scheduler.free_block(self.cluster.topology.num_gpus, top)
             if not gpus:
+                if key not in self._profile_blocked:
+                    self._profile_blocked.add(key)
+                    self._logger.info("profiling %s@%s waits for free GPUs (held: %s)", key[0], key[1],
+                                      self._holders())
                 continue
+            self._profile_blocked.discard(key)
             del self._to_profile[key]
             name = f"profiling {key[0]}@{key[1]}"
             self.scheduler.reserved[name] = gpus
@@ -460,21 +485,38 @@ class ElasticFlowWorker(ProcessWorker):
             if future.done():
                 self.scheduler.reserved.pop(f"profiling {key[0]}@{key[1]}", None)
         self._start_profiles()
-        for run_id, (flow_run, params, deadline, iterations) in list(self._profiling.items()):
-            future = self._profiles.get((params.model, params.hyperparameters.global_batch_size, params.device))
+        for run_id, waiting in list(self._profiling.items()):
+            params = waiting.params
+            future = self._profiles.get(waiting.key)
+            if future is None and now - waiting.since > self.profile_timeout:
+                # Never started: the GPUs stayed busy. A profile that started ends
+                # by itself (it has the same timeout) and is reported below.
+                del self._profiling[run_id]
+                await self._reject(
+                    waiting.flow_run, "profiling_failed",
+                    f"no GPUs were free to profile {params.model} at global batch "
+                    f"{params.hyperparameters.global_batch_size} for {now - waiting.since:.0f} s (held: "
+                    f"{self._holders()}); submit it again later, or measure it first with `elasticflow profile`",
+                    None, now)
+                continue
             if future is None or not future.done():
                 continue
             del self._profiling[run_id]
             try:
                 points = self._usable(params, future.result())
             except Exception as exc:  # profiling is the user's model running: any error is theirs to see
-                await self._reject(flow_run, "profiling_failed", f"{type(exc).__name__}: {exc}", None, now)
+                await self._reject(waiting.flow_run, "profiling_failed", f"{type(exc).__name__}: {exc}", None, now)
                 continue
-            self._queue(flow_run, params, deadline, iterations, points, now)
-        for key in [k for k, f in self._profiles.items() if f.done()]:
-            if not any((p.model, p.hyperparameters.global_batch_size, p.device) == key
-                       for _, p, _, _ in self._profiling.values()):
-                del self._profiles[key]
+            self._queue(waiting.flow_run, params, waiting.deadline, waiting.iterations, points, now)
+        needed = {w.key for w in self._profiling.values()}
+        for key in [k for k, f in self._profiles.items() if f.done() and k not in needed]:
+            del self._profiles[key]
+        for key in [k for k in self._to_profile if k not in needed]:  # its runs gave up waiting
+            del self._to_profile[key]
+
+    def _holders(self) -> str:
+        """Who holds which GPU, for messages about GPUs that are not free."""
+        return ", ".join(f"{gpu}: {holder}" for gpu, holder in sorted(self.scheduler.gpu_map().items())) or "none"
 
     def _queue(self, flow_run: FlowRun, params: Any, deadline: float | None, iterations: float,
                points: dict[int, float], now: float) -> None:

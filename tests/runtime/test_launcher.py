@@ -51,3 +51,19 @@ def test_standbys_exit_when_the_launcher_goes(tmp_path: Path) -> None:
     proc.stdin.close()  # what the launcher's death looks like from the standby
     assert proc.wait(timeout=60) == 0
     pool.close()
+
+
+def test_a_segment_that_does_not_end_in_its_time_is_stopped_and_reported(tmp_path: Path) -> None:
+    segment = Segment(_spec(tmp_path, 1_000_000), [0, 1], pool=WorkerPool())
+    segment.start()
+    result = segment.wait(timeout_s=3.0)
+    assert result.reason == "crashed" and "did not finish in 3 s" in (result.error or "")
+    assert all(proc.poll() is not None for proc in segment.procs)  # nothing left holding the GPUs
+
+
+def test_a_profile_past_its_time_raises_instead_of_blocking_the_service() -> None:
+    from flows.training.profiler import profile_throughput
+
+    with pytest.raises(RuntimeError, match="did not finish"):
+        profile_throughput("mlp", 8, [1, 2], iterations=100_000, warmup=2, device="cpu", timeout_s=2.0,
+                           dataset={"name": "synthetic-vectors"})

@@ -27,7 +27,7 @@ The stack: a Prefect server on 127.0.0.1 (temporary PREFECT_HOME, SQLite), the
 (no profiling). Targets are reported, not asserted: exit status is nonzero only
 on errors. Timings depend on load: `uptime` is printed before and after.
 
-Run: .venv/bin/python bench/service.py [--reps 5] [--interval 5]
+Run: .venv/bin/python bench/service.py [--reps 5] [--interval 5] [--poll 1]
 """
 
 from __future__ import annotations
@@ -270,6 +270,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--interval", type=float, default=5.0, help="ELASTICFLOW_INTERVAL_S (slot) of the worker")
+    parser.add_argument("--poll", type=float, default=1.0,
+                        help="ELASTICFLOW_POLL_S of the worker, and the reference pool's poll")
     parser.add_argument("--iterations", type=int, default=30)
     args = parser.parse_args()
     print(f"load before: {uptime()} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
@@ -286,8 +288,9 @@ def main() -> int:
             "ELASTICFLOW_HOME": str(tmp / "home"),
             "ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"),
             "ELASTICFLOW_INTERVAL_S": repr(args.interval),
-            # the reference worker polls as often as ours decides
-            "PREFECT_WORKER_QUERY_SECONDS": repr(args.interval),
+            "ELASTICFLOW_POLL_S": repr(args.poll),
+            # the reference worker polls as often as ours looks for new runs
+            "PREFECT_WORKER_QUERY_SECONDS": repr(args.poll),
         }
         env.pop("ELASTICFLOW_DATABASE_URL", None)
         os.environ.update(env)
@@ -322,8 +325,11 @@ def main() -> int:
             for name in ("worker", "process-worker"):
                 wait_for(lambda n=name: "started!" in logs[n].read_text(errors="replace"), 90,
                          f"the {name} to start", [logs[name]])
-            print(f"stack up: server 127.0.0.1:{port}, pools gpus (elasticflow, slot {args.interval:g} s) "
-                  f"and plain (process, polling every {args.interval:g} s)", flush=True)
+            forkserver_log = tmp / "home" / "logs" / "forkserver.log"
+            wait_for(lambda: forkserver_log.exists() and "ready" in forkserver_log.read_text(), 120,
+                     "the warm-start fork server", [forkserver_log])
+            print(f"stack up: server 127.0.0.1:{port}, pools gpus (elasticflow, slot {args.interval:g} s, "
+                  f"poll {args.poll:g} s) and plain (process, polling every {args.poll:g} s)", flush=True)
 
             rows: list[dict[str, float]] = []
             refs: list[dict[str, float]] = []
@@ -367,6 +373,7 @@ def main() -> int:
             from scheduler_service.worker.store import ServiceStore
 
             decisions = [r.decision_ms for r in ServiceStore().decisions() if r.decision_ms is not None]
+            cold_starts = logs["worker"].read_text(errors="replace").count("starting cold")
             admission = measure_admission(tmp, args.interval)
             start_cpu = measure_start_cpu()
         finally:
@@ -380,7 +387,8 @@ def main() -> int:
         return statistics.median(v[key] for v in values)
 
     print()
-    print(f"(a) deployment run -> first training iteration, {args.reps} reps, slot {args.interval:g} s:")
+    print(f"(a) deployment run -> first training iteration, {args.reps} reps, slot {args.interval:g} s, "
+          f"poll {args.poll:g} s, {cold_starts} of {args.reps} flow processes started cold:")
     for key, what in (("from_cli", "from the CLI's start"), ("from_created", "from the run's creation")):
         ours, ref = [r[key] for r in rows], [r[key] for r in refs]
         target = "met" if statistics.median(ours) <= 10 else "MISSED"
@@ -407,7 +415,7 @@ def main() -> int:
           f"the prefect CLI's start {start_cpu['prefect_cli_s']:.2f}")
     print(f"load after: {uptime()}")
     print(json.dumps({
-        "reps": args.reps, "interval_s": args.interval,
+        "reps": args.reps, "interval_s": args.interval, "poll_s": args.poll, "cold_starts": cold_starts,
         "first_iteration_from_cli_s": {"median": round(med(rows, "from_cli"), 3),
                                        "max": round(max(r["from_cli"] for r in rows), 3)},
         "first_iteration_from_created_s": {"median": round(med(rows, "from_created"), 3),

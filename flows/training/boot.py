@@ -4,25 +4,122 @@
 1. Its own session, as Prefect's default launcher gives a flow process: a run
    keeps training when its worker is stopped with Ctrl-C or crashes (a restarted
    worker adopts it), and a signal to the process group reaches the engine.
-2. It starts the run's standby DDP workers (`ELASTICFLOW_WORLD_SIZE`, set by the
-   worker when it places the run) before anything else, so that their imports
-   (torch, ~4 s of CPU each) overlap the engine's: importing Prefect, reading
-   the run, loading the flow. The first segment then takes them as it would
-   take the standbys of a relaunch; a wrong count costs a cold start, never
-   correctness; unused standbys exit with the flow process.
-3. It runs `prefect.engine` as `__main__` in this same process, so the
-   infrastructure PID Prefect knows is the engine's and cancellation works as
-   for `python -m prefect.engine`.
+2. Warm start: if the worker runs a fork server (`ELASTICFLOW_FORKSERVER`, see
+   `flows.training.forkserver`), the flow process is forked from it with
+   Prefect, the flow and torch already imported, and this process only relays:
+   signals to it, its exit status back to Prefect.
+3. Cold start otherwise (no server, or it refused): the run's standby DDP
+   workers (`ELASTICFLOW_WORLD_SIZE`, set by the worker when it places the run)
+   start before anything else, so that their imports (torch, ~4 s of CPU each)
+   overlap the engine's; then `prefect.engine` runs as `__main__` in this same
+   process, so the PID Prefect knows is the engine's. A wrong worker count costs
+   a cold start, never correctness; unused standbys exit with the flow process.
 
 Only the standard library is imported before the engine starts.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
+import signal
+import socket
+import sys
+import time
 
 WORLD_SIZE_ENV = "ELASTICFLOW_WORLD_SIZE"
+FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
+WARM_ENV = "ELASTICFLOW_WARM_START"
+ANSWER_TIMEOUT_S = 60.0
+
+
+def _world_size() -> int:
+    try:
+        return max(0, int(os.environ.get(WORLD_SIZE_ENV) or 0))
+    except ValueError:
+        return 0
+
+
+def run_engine(fork_standbys: bool = False) -> int:
+    """Start the run's DDP workers, then run Prefect's engine here. Forked
+    workers need torch imported and no thread started yet (a fork server's child)."""
+    world = _world_size()
+    if world > 0:
+        from flows.training.standby import POOL
+
+        if fork_standbys:
+            POOL.fork(world)
+        else:
+            POOL.refill(world)
+    try:
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def run_warm(path: str) -> int | None:
+    """Have the fork server start this run's flow process and relay for it; its
+    exit code, or None if the server cannot (then start cold)."""
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(ANSWER_TIMEOUT_S)  # a server that accepts but never answers: start cold
+        sock.connect(path)
+        request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:]}).encode() + b"\n"
+        sent = socket.send_fds(sock, [request[: 1 << 15]], [0, 1, 2])
+        sock.sendall(request[sent:])
+        replies = sock.makefile("rb")
+        answer = json.loads(replies.readline() or b"{}")
+    except (OSError, ValueError) as exc:
+        print(f"elasticflow: warm start unavailable ({exc}); starting cold", file=sys.stderr, flush=True)
+        return None
+    if "pid" not in answer:
+        print(f"elasticflow: warm start refused ({answer.get('refused', 'no answer')}); starting cold",
+              file=sys.stderr, flush=True)
+        return None
+    pid = int(answer["pid"])
+    sock.settimeout(None)
+
+    def relay(signum: int, frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, relay)
+    try:
+        line = replies.readline()
+    except OSError:
+        line = b""
+    if line:
+        return int(json.loads(line)["exit"])
+    # The server went away first: wait for the flow process; its state in
+    # Prefect, which it sets itself, is what counts.
+    while _alive(pid):
+        time.sleep(0.5)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exit(code: int) -> None:
+    """Exit as the flow process did: a negative code is the signal that ended it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
 
 
 def main() -> None:
@@ -30,15 +127,12 @@ def main() -> None:
         os.setsid()
     except OSError:  # already a session leader
         pass
-    try:
-        world = int(os.environ.get(WORLD_SIZE_ENV) or 0)
-    except ValueError:
-        world = 0
-    if world > 0:
-        from flows.training.standby import POOL
-
-        POOL.refill(world)
-    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    path = os.environ.get(FORKSERVER_ENV)
+    if path and os.environ.get(WARM_ENV, "1") != "0":
+        code = run_warm(path)
+        if code is not None:
+            _exit(code)
+    sys.exit(run_engine())
 
 
 if __name__ == "__main__":

@@ -10,19 +10,63 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import IO, Union
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class ForkedWorker:
+    """A standby forked from this process (see `WorkerPool.fork`), with the part
+    of `subprocess.Popen`'s interface the launcher uses."""
+
+    def __init__(self, pid: int, stdin: IO[bytes]) -> None:
+        self.pid, self.stdin = pid, stdin
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if end is not None and time.time() > end:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+Worker = Union[subprocess.Popen[bytes], ForkedWorker]
 
 
 class WorkerPool:
     """Standby worker processes, already past their imports, handed out to segments."""
 
     def __init__(self) -> None:
-        self._standby: list[subprocess.Popen[bytes]] = []
+        self._standby: list[Worker] = []
         self._lock = threading.Lock()
 
     @staticmethod
@@ -38,10 +82,10 @@ class WorkerPool:
             stderr=subprocess.DEVNULL,
         )
 
-    def _alive(self) -> list[subprocess.Popen[bytes]]:
+    def _alive(self) -> list[Worker]:
         return [p for p in self._standby if p.poll() is None]
 
-    def take(self, count: int) -> list[subprocess.Popen[bytes]]:
+    def take(self, count: int) -> list[Worker]:
         """`count` workers: standbys first, fresh processes for the rest."""
         with self._lock:
             alive = self._alive()
@@ -53,6 +97,27 @@ class WorkerPool:
         with self._lock:
             self._standby = self._alive()
             self._standby += [self._spawn() for _ in range(count - len(self._standby))]
+
+    def fork(self, count: int) -> None:
+        """Add `count` standbys forked from this process: instant, as torch is
+        already imported here. Only for a process that has started no thread
+        and not touched CUDA (a fork server's child before its engine runs)."""
+        from flows.training import worker
+
+        with self._lock:
+            for _ in range(count):
+                read, write = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(write)
+                    for other in self._standby:  # or a sibling never sees its launcher go
+                        if isinstance(other, ForkedWorker):
+                            other.stdin.close()
+                    os.dup2(read, 0)
+                    os.close(read)
+                    worker.run_standby(forked=True)  # never returns
+                os.close(read)
+                self._standby.append(ForkedWorker(pid, os.fdopen(write, "wb")))
 
     @property
     def size(self) -> int:

@@ -252,7 +252,8 @@ class Worker:
 def main(segment_dir: str) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
+                        force=True)  # a worker forked from a flow process inherits its handlers
     folder = Path(segment_dir)
     spec = SegmentSpec.model_validate_json((folder / "spec.json").read_text())
     worker = Worker(spec, folder, rank, world)
@@ -288,11 +289,25 @@ def standby() -> int:
     return main(order["segment_dir"])
 
 
-if __name__ == "__main__":
-    code = standby() if sys.argv[1] == "--standby" else main(sys.argv[1])
+def run_standby(forked: bool = False) -> None:
+    """Be a standby until handed a segment, run it, exit. `forked`: this process
+    was forked from its launcher (`WorkerPool.fork`), which is now its parent."""
+    global _parent_pid
+    if forked:
+        _parent_pid = os.getppid()
+    _exit(standby())
+
+
+def _exit(code: int) -> None:
     # Everything is on disk (checkpoint, result.json); skip interpreter teardown,
     # which takes ~1 s with torch loaded and sits on the rescale path.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--standby":
+        run_standby()
+    _exit(main(sys.argv[1]))

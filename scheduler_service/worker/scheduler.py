@@ -43,9 +43,10 @@ class Run:
     since: float = 0.0  # last (re)start: the restart overhead is paid from here
     share: int | None = None
     adopted: bool = False  # admitted by an earlier life of the service: never rejected now
-    # Seconds kept in front of the deadline for the run's start (launch to first
-    # iteration), beyond the restart the plans charge: the policy sees
-    # `deadline - reserve`, users see `deadline`.
+    # Seconds kept in front of the deadline: the run's start (launch to first
+    # iteration) beyond the restart the plans charge, and the part of the slot
+    # already gone when it was decided. The policy sees `deadline - reserve`,
+    # users see `deadline`.
     reserve: float = 0.0
 
     @property
@@ -69,6 +70,7 @@ class PlanResult:
     allocation: dict[str, int]
     projected_finish: dict[str, float]
     seconds: float  # wall time of the policy call
+    arrivals: dict[str, Run] = field(default_factory=dict)  # the runs these decisions are about
 
 
 @dataclass
@@ -106,11 +108,15 @@ class Scheduler:
         run.phase, run.held, run.target, run.pending_seq = "finished", (), (), None
         self.finished.append(run_id)
 
-    # -- the policy, once per slot --------------------------------------------
+    # -- the policy: once per slot, and at once for arrivals -------------------
     def due(self, now: float) -> bool:
-        return self.last_slot is None or self.policy.clock.slot_of(now) > self.last_slot
+        return bool(self.arrivals) or self.last_slot is None or self.policy.clock.slot_of(now) > self.last_slot
 
     def status(self, now: float) -> dict[str, JobStatus]:
+        """Where every run stands for a plan starting at the current slot's
+        boundary: a plan made mid-slot credits the whole slot, so a running run's
+        remaining work is put back where it was at the boundary."""
+        elapsed = now - self.policy.clock.slot_of(now) * self.policy.clock.interval
         out = {}
         for run in [*self.runs.values(), *self.arrivals]:
             run_id = run.run_id
@@ -122,15 +128,23 @@ class Scheduler:
                 done = int(status.get("iteration") or 0)  # type: ignore[call-overload]
             gpus = len(run.commanded) if run.phase == "running" else 0
             overhead_left = max(0.0, self.policy.clock.overhead(gpus) - (now - run.since)) if gpus else 0.0
-            out[run_id] = JobStatus(max(0.0, run.job.iterations - done), gpus, overhead_left)
+            since_boundary = run.job.curve.speed(gpus) * elapsed if gpus else 0.0
+            out[run_id] = JobStatus(max(0.0, run.job.iterations - done + since_boundary), gpus, overhead_left)
         return out
 
     def plan(self, now: float) -> PlanResult | None:
-        """Ask the policy, if a new slot has begun since the last time."""
+        """Ask the policy, if a new slot has begun since the last time or runs
+        have arrived: a user waits for the answer, and an admitted run should not
+        wait for the next boundary to start."""
         if not self.due(now):
             return None
         self.last_slot = self.policy.clock.slot_of(now)
         arrivals, self.arrivals = self.arrivals, []
+        elapsed = now - self.last_slot * self.policy.clock.interval
+        for run in arrivals:  # planned from the boundary: what is gone of this slot is not theirs
+            if run.job.deadline is not None and elapsed > 0 and not run.adopted:
+                run.job = replace(run.job, deadline=run.job.deadline - elapsed)
+                run.reserve += elapsed
         finished, self.finished = self.finished, []
         status = self.status(now)
         started = time.perf_counter()
@@ -153,7 +167,8 @@ class Scheduler:
             gpus = reply.allocation.get(run_id, 0)
             run.target = reply.placement.gpus(run_id) if gpus else ()
         decisions = [d for d in reply.decisions if d.admitted or d.job_id not in adopted]
-        return PlanResult(decisions, reply.allocation, reply.projected_finish, seconds)
+        return PlanResult(decisions, reply.allocation, reply.projected_finish, seconds,
+                          {run.run_id: run for run in arrivals})
 
     # -- placement -> physical GPUs, every poll --------------------------------
     def actuate(self, now: float) -> list[Action]:

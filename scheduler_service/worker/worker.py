@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import anyio.abc
@@ -45,7 +49,8 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
     from prefect.client.schemas.responses import WorkerFlowRunResponse
 
-INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length = poll interval (default 5 s)
+INTERVAL_ENV = "ELASTICFLOW_INTERVAL_S"  # slot length (default 5 s)
+POLL_ENV = "ELASTICFLOW_POLL_S"  # how often new runs are looked for and decided (default 1 s, at most a slot)
 RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5 s to stop (default 2 s)
 LAUNCH_ENV = "ELASTICFLOW_LAUNCH_S"  # launch -> first iteration of a new run (unset: 15 s, raised by starts seen)
 PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
@@ -132,6 +137,7 @@ class ElasticFlowWorker(ProcessWorker):
         kwargs.setdefault("prefetch_seconds", 0)
         super().__init__(*args, **kwargs)
         self.interval = float(os.environ.get(INTERVAL_ENV) or 5.0)
+        self.poll_s = min(self.interval, float(os.environ.get(POLL_ENV) or 1.0))
         restart = float(os.environ.get(RESTART_ENV) or 2.0)
         # Spare GPUs are granted only if the grant pays for its restart and for
         # the one taken back within a slot: the slot must exceed two restarts.
@@ -141,7 +147,6 @@ class ElasticFlowWorker(ProcessWorker):
         self.launch_s = float(os.environ.get(LAUNCH_ENV) or 15.0)
         self._learn_starts = not os.environ.get(LAUNCH_ENV)  # a value set by the operator is kept as is
         self._starts: list[float] = []  # seconds from launch to first iteration, latest last
-        self._reserve_of: dict[str, float] = {}
         self.cluster = cluster_mod.load()
         self.policy = ElasticFlowPolicy(self.cluster.topology, interval=self.interval, overhead=self.overhead)
         self.scheduler = Scheduler(self.policy)
@@ -165,12 +170,13 @@ class ElasticFlowWorker(ProcessWorker):
         self._names: dict[str, str] = {}  # flow run id -> flow run name, for the cluster view
         self._launched_at: dict[str, float] = {}  # launch -> first iteration: what a start really costs
         self._warned_start_s = 0.0
+        self._forkserver: tuple[subprocess.Popen[bytes], Path] | None = None
         # Deadline at risk: projected finish within one slot of the deadline.
         self.view = ClusterView(self.cluster, margin_s=self.interval)
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
-        with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: self.interval}):
+        with temporary_settings(updates={PREFECT_WORKER_QUERY_SECONDS: self.poll_s}):
             await super().start(*args, **kwargs)
 
     async def setup(self) -> None:
@@ -181,6 +187,7 @@ class ElasticFlowWorker(ProcessWorker):
             self.interval,
         )
         await self._recover()
+        self._forkserver = self._start_forkserver()
         # The first take-in would otherwise pay for importing the train flow's
         # parameter model (and torch with it): about 4 s on a small machine.
         await anyio.to_thread.run_sync(importlib.import_module, "flows.training.params")
@@ -190,8 +197,35 @@ class ElasticFlowWorker(ProcessWorker):
                 "raise %s or lower %s", self.interval, 2 * self.overhead(1), INTERVAL_ENV, RESTART_ENV,
             )
 
+    def _start_forkserver(self) -> tuple[subprocess.Popen[bytes], Path] | None:
+        """The warm start of flow processes (flows/training/forkserver.py): started
+        now, it imports while the worker waits for runs; until its socket exists
+        flow processes start cold. Its environment is what a flow process's would
+        be apart from the run's own variables, or it refuses them."""
+        from prefect.settings import get_current_settings
+
+        from flows.training.boot import WARM_ENV
+
+        if os.environ.get(WARM_ENV, "1") == "0":
+            return None
+        path = Path(tempfile.mkdtemp(prefix="elasticflow-")) / "fork.sock"  # short: socket paths max out at 107
+        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+               "ELASTICFLOW_HOME": str(self.home)}
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / "forkserver.log", "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "flows.training.forkserver", str(path), str(os.getpid())], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._logger.info("warm start: fork server pid %d at %s (log %s)", process.pid, path, logs / "forkserver.log")
+        return process, path
+
     async def teardown(self, *exc_info: Any) -> None:
         self._profiler.shutdown(wait=False, cancel_futures=True)
+        if self._forkserver is not None:  # it stops taking runs; the running ones keep their relay
+            self._forkserver[0].terminate()
         await super().teardown(*exc_info)
 
     # -- the poll: take in, decide, actuate ------------------------------------
@@ -527,7 +561,6 @@ class ElasticFlowWorker(ProcessWorker):
         except ValueError:
             curve = ThroughputCurve({1: 1e-9})  # nothing measurable: the policy says no usable GPU count
         reserve = self.launch_reserve() if deadline is not None else 0.0
-        self._reserve_of[str(flow_run.id)] = reserve
         job = Job(job_id=str(flow_run.id), submit_time=now, iterations=iterations,
                   deadline=None if deadline is None else deadline - reserve, curve=curve,
                   model=params.model, batch_size=params.hyperparameters.global_batch_size)
@@ -550,11 +583,12 @@ class ElasticFlowWorker(ProcessWorker):
         async def reject(decision: Decision) -> None:
             async with gate:
                 entry = self._responses[decision.job_id]
-                reserve = self._reserve_of.pop(decision.job_id, 0.0)
+                run = result.arrivals.get(decision.job_id)
+                reserve = run.reserve if run is not None else 0.0  # policy deadline -> the user's
                 earliest = decision.earliest_feasible_deadline
                 message = decision.message
-                if reserve:
-                    message += f" (a run takes about {reserve + self.overhead(1):.0f} s to start here)"
+                if reserve and self.launch_reserve():
+                    message += f" (a run takes about {self.launch_reserve() + self.overhead(1):.0f} s to start here)"
                 await self._reject(entry.flow_run, decision.reason.value if decision.reason else "rejected",
                                    message, None if earliest is None else earliest + reserve, now, decision,
                                    result.seconds)
@@ -739,6 +773,10 @@ class ElasticFlowWorker(ProcessWorker):
                 # what it meant at submission, and a late start still trains.
                 "ELASTICFLOW_DEADLINE": _iso(placed.deadline) or "",
             })
+        if self._forkserver is not None and isinstance(configuration, ElasticFlowJobConfiguration):
+            from flows.training.boot import FORKSERVER_ENV
+
+            configuration.env[FORKSERVER_ENV] = str(self._forkserver[1])
         if not configuration._command_configured:
             from prefect.utilities.processutils import command_to_string, get_sys_executable
 

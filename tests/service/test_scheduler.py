@@ -178,3 +178,23 @@ def test_a_waiting_run_admitted_before_a_restart_is_launched_not_decided_again(t
     (action,) = sched.actuate(T0 + 2)
     assert action.kind == "launch" and action.run_id == "w"
     assert sched.runs["w"].job.deadline is None
+
+
+def test_an_arrival_mid_slot_is_decided_at_once_without_being_credited_the_slot_gone(tmp_path: Path) -> None:
+    sched = _scheduler()
+    a = _run(tmp_path, "a", T0, 4000, T0 + 600)
+    sched.arrive(a)
+    sched.plan(T0)
+    sched.actuate(T0)
+    _ack(a)
+    assert sched.plan(T0 + 1.5) is None  # nothing new: the next plan is at the boundary
+    b = _run(tmp_path, "b", T0 + 1.5, 200, T0 + 120)
+    sched.arrive(b)
+    result = sched.plan(T0 + 1.5)  # same slot, but someone is waiting for an answer
+    assert result is not None and [d.job_id for d in result.decisions] == ["b"]
+    # Planned from the boundary at T0: the 1.5 s already gone are not b's to use.
+    assert result.arrivals["b"].job.deadline == T0 + 120 - 1.5
+    assert result.arrivals["b"].deadline == T0 + 120  # what its user is told stays theirs
+    # a has run at 2 GPUs since the boundary: the plan gets back the work it credits again.
+    status = sched.status(T0 + 1.5)
+    assert status["a"].remaining == 4000 + 36.0 * 1.5

@@ -1,0 +1,255 @@
+"""Warm start of flow processes: a fork server that has imported Prefect's
+engine, the `train` flow and torch once, and forks one flow process per run.
+
+Why: a flow process started cold spends 5-7 s of CPU importing Prefect, the
+flow and torch, and each of its DDP workers 4-5 s more importing torch; on a
+small machine that was most of the time from a run's creation to its first
+training iteration (docs/service.md, "Latency"). A fork of a process that has
+already paid for the imports starts in milliseconds, and so do DDP workers
+forked from it before the engine starts any thread.
+
+The `elasticflow` worker starts one server (`python -m flows.training.forkserver
+SOCKET`) and tells flow processes where it listens (`ELASTICFLOW_FORKSERVER`).
+Prefect still starts what it always starts, `python -m flows.training.boot`,
+which imports only the standard library: it connects, hands over its
+environment, working directory and stdin/stdout/stderr, forwards the signals it
+gets to the forked flow process and exits with its exit status, so Prefect's
+view (PID, output, cancellation, exit code) is unchanged. Anything the server
+cannot honour falls back to the cold start: no server, a refused request, or
+Prefect settings in the run's environment that differ from the server's
+(they are read once at import, so a warm process would run with stale ones).
+
+Protocol, one UNIX-socket connection per run: the client sends one JSON line
+`{"env": {...}, "cwd": "...", "argv": [...]}` with its fds 0, 1, 2 attached (SCM_RIGHTS); the
+server answers `{"pid": N}` or `{"refused": "why"}`, and `{"exit": code}` once
+the flow process has exited. If the client goes away first (Prefect's hard
+kill is a SIGKILL), the server SIGKILLs the flow process's PID, as that kill
+would have done to a cold one: its DDP workers notice and checkpoint.
+
+Fork safety: the server is single-threaded (checked after its imports) and
+never touches CUDA, so a forked child may still choose its devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from flows.training.boot import FORKSERVER_ENV, WARM_ENV  # noqa: F401  # socket path; "0": always cold
+
+MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
+
+
+def settings_of(env: dict[str, str]) -> dict[str, str]:
+    """The Prefect settings an environment carries (`PREFECT__*` are per-run
+    variables the engine reads itself, not settings)."""
+    return {k: v for k, v in env.items() if k.startswith("PREFECT_") and not k.startswith("PREFECT__")}
+
+
+@dataclass
+class Job:
+    """What a forked child runs: a flow process with the client's environment."""
+
+    env: dict[str, str]
+    cwd: str
+    argv: list[str]
+
+    def run(self) -> int:
+        """Become the flow process: the run's DDP workers first (forked while this
+        process is still single-threaded), then Prefect's engine as `__main__`."""
+        os.environ.clear()
+        os.environ.update(self.env)
+        sys.argv = [sys.argv[0], *self.argv]  # the engine reads its run id from argv[1] when given
+        # As in a cold start, prefect.engine runs as __main__ before any module imports it by name.
+        sys.modules.pop("prefect.engine", None)
+        try:
+            os.chdir(self.cwd)
+        except OSError as exc:
+            print(f"elasticflow: working directory {self.cwd}: {exc}", file=sys.stderr)
+            return 1
+        from flows.training import boot
+
+        return boot.run_engine(fork_standbys=True)
+
+
+class ForkServer:
+    """Accepts clients, forks flow processes, reports their exit codes."""
+
+    def __init__(self, path: Path, parent_pid: int | None) -> None:
+        self.path, self.parent_pid = path, parent_pid
+        self.settings = settings_of(dict(os.environ))
+        self.children: dict[int, socket.socket | None] = {}  # pid -> client connection (None: client gone)
+        self.accepting = True
+
+    def serve(self) -> Job | None:
+        """Serve until told to stop and every flow process has exited (None), or
+        return the job to run in a freshly forked child."""
+        sel = selectors.DefaultSelector()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        listener.bind(str(tmp))
+        listener.listen(64)
+        os.replace(tmp, self.path)  # clients connect only once it is ready
+        sel.register(listener, selectors.EVENT_READ)
+        stop: list[int] = []  # not a threading.Event: a second signal inside its handler would deadlock on its lock
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _: stop.append(signum))
+        print(f"elasticflow fork server ready pid={os.getpid()} socket={self.path}", flush=True)
+        while self.accepting or self.children:
+            if self.accepting and (stop or (self.parent_pid and os.getppid() != self.parent_pid)):
+                # Its worker is gone: no new runs, but the running ones still report to their clients.
+                self.accepting = False
+                sel.unregister(listener)
+                listener.close()
+                self.path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()  # the worker's temporary folder for it, if nothing else is there
+                print(f"elasticflow fork server stopping, waiting for {len(self.children)} flow process(es)",
+                      flush=True)
+            for key, _ in sel.select(timeout=0.5):
+                if key.fileobj is listener:
+                    job = self._accept(listener, sel)
+                    if job is not None:
+                        return job  # in the child
+                else:
+                    self._client_event(key.fileobj, sel)  # type: ignore[arg-type]
+            self._reap(sel)
+        return None
+
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> Job | None:
+        conn, _ = listener.accept()
+        fds: list[int] = []
+        try:
+            conn.settimeout(10.0)
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+            while not data.endswith(b"\n") and data and len(data) < MAX_REQUEST:
+                more = conn.recv(1 << 16)
+                if not more:
+                    break
+                data += more
+            request = json.loads(data)
+            env, cwd, argv = dict(request["env"]), str(request["cwd"]), [str(a) for a in request.get("argv", [])]
+            if len(fds) != 3:
+                raise ValueError(f"expected stdin, stdout and stderr, got {len(fds)} fds")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._answer(conn, {"refused": f"bad request: {exc}"})
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        changed = sorted(k for k in self.settings.keys() | settings_of(env).keys()
+                         if self.settings.get(k) != env.get(k))
+        if changed:
+            self._answer(conn, {"refused": f"Prefect settings differ from the fork server's: {', '.join(changed)}"})
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:  # the flow process: drop the server's sockets, take the client's stdio
+            sel.close()
+            listener.close()
+            conn.close()
+            for other in self.children.values():
+                if other is not None:
+                    other.close()
+            os.setsid()
+            for target, fd in zip((0, 1, 2), fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            return Job(env, cwd, argv)
+        for fd in fds:
+            os.close(fd)
+        conn.settimeout(None)
+        self.children[pid] = conn
+        sel.register(conn, selectors.EVENT_READ, pid)
+        self._answer(conn, {"pid": pid})
+        return None
+
+    def _client_event(self, conn: socket.socket, sel: selectors.BaseSelector) -> None:
+        """A client sends nothing after its request: readable means it is gone."""
+        pid = sel.get_key(conn).data
+        try:
+            gone = not conn.recv(1 << 10)
+        except OSError:
+            gone = True
+        if gone:
+            sel.unregister(conn)
+            conn.close()
+            self.children[pid] = None
+            try:
+                os.kill(pid, signal.SIGKILL)  # what Prefect's hard kill did to a cold flow process
+            except ProcessLookupError:
+                pass
+
+    def _reap(self, sel: selectors.BaseSelector) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                sel.unregister(conn)
+                self._answer(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                conn.close()
+
+    @staticmethod
+    def _answer(conn: socket.socket, message: dict[str, object]) -> None:
+        try:
+            conn.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass
+
+
+def _warm_up() -> None:
+    """Everything a flow process and its DDP workers import, once."""
+    import prefect.flow_engine  # noqa: F401
+    import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
+
+    import flows.train  # noqa: F401
+    import flows.training.worker  # noqa: F401
+
+
+def main(argv: list[str]) -> int:
+    path = Path(argv[0])
+    parent = int(argv[1]) if len(argv) > 1 else None
+    started = time.time()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read once, at import: the DDP workers it forks use 1 thread
+    _warm_up()
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if threads:  # a fork would copy their locks in whatever state they are
+        print(f"elasticflow fork server: not serving, imports started threads {threads}", file=sys.stderr)
+        return 1
+    print(f"elasticflow fork server imported in {time.time() - started:.1f} s", flush=True)
+    job = ForkServer(path, parent).serve()
+    if job is None:  # stopped: nothing to tear down that is worth the second it takes with torch loaded
+        sys.stdout.flush()
+        os._exit(0)
+    try:  # the forked flow process, from here on
+        return job.run()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

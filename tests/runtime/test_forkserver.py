@@ -1,0 +1,116 @@
+"""Warm start: flow processes forked from a server that has imported Prefect and
+torch, relayed by `flows.training.boot` so that Prefect sees what it always saw."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flows.training.boot import FORKSERVER_ENV
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(proc.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
+    base = tmp_path_factory.mktemp("fork")
+    path = base / "s.sock"
+    # An API that accepts connections and never answers: an engine asking it
+    # for its run waits, a process to signal.
+    api = socket.socket()
+    api.bind(("127.0.0.1", 0))
+    api.listen(64)
+    env = {**os.environ, "PREFECT_HOME": str(base / "prefect"), "PYTHONPATH": str(ROOT),
+           "PREFECT_API_URL": f"http://127.0.0.1:{api.getsockname()[1]}/api"}
+    env.pop(FORKSERVER_ENV, None)
+    log = open(base / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "flows.training.forkserver", str(path)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    end = time.time() + 180
+    while not path.exists():
+        assert proc.poll() is None and time.time() < end, (base / "server.log").read_text()
+        time.sleep(0.2)
+    yield proc, {**env, FORKSERVER_ENV: str(path)}
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert not path.exists()
+    api.close()
+
+
+def _boot(env: dict[str, str], **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "flows.training.boot"], env={**env, **extra}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_forked_engine_writes_to_the_clients_output_and_its_exit_code_comes_back(server) -> None:
+    proc, env = server
+    boot = _boot(env, PREFECT__FLOW_RUN_ID="not-a-uuid")
+    out, _ = boot.communicate(timeout=120)
+    assert boot.returncode == 1, out
+    assert "Invalid flow run id" in out  # Prefect's engine ran, in a fork, writing to our stdout
+    assert "starting cold" not in out
+
+
+def test_other_prefect_settings_than_the_servers_start_cold_and_say_why(server) -> None:
+    proc, env = server
+    boot = _boot(env, PREFECT__FLOW_RUN_ID="not-a-uuid", PREFECT_LOGGING_LEVEL="DEBUG")
+    out, _ = boot.communicate(timeout=120)
+    assert "warm start refused (Prefect settings differ from the fork server's: PREFECT_LOGGING_LEVEL)" in out
+    assert boot.returncode == 1 and "Invalid flow run id" in out  # the same engine, started cold
+
+
+def test_signals_reach_the_forked_process_and_a_killed_client_takes_it_along(server) -> None:
+    proc, env = server
+    run_id = "00000000-0000-4000-8000-000000000000"
+    boot = _boot(env, PREFECT__FLOW_RUN_ID=run_id)
+    end = time.time() + 60
+    while not _children(proc.pid):
+        assert time.time() < end and boot.poll() is None
+        time.sleep(0.1)
+    (child,) = _children(proc.pid)
+    boot.send_signal(signal.SIGTERM)
+    boot.communicate(timeout=30)  # long before the engine's request would time out
+    assert boot.returncode != 0  # it ended on the relayed SIGTERM, not by itself
+    assert not _children(proc.pid)  # and the server reaped it
+
+    boot = _boot(env, PREFECT__FLOW_RUN_ID=run_id)
+    while not _children(proc.pid):
+        assert time.time() < end + 60 and boot.poll() is None
+        time.sleep(0.1)
+    (child,) = _children(proc.pid)
+    boot.kill()  # Prefect's hard kill: no relay, the server sees the connection drop
+    boot.wait()
+    end = time.time() + 10
+    while child in _children(proc.pid):
+        assert time.time() < end, "the flow process outlived its killed client"
+        time.sleep(0.1)
+
+
+def test_without_a_server_the_flow_process_starts_cold(tmp_path: Path) -> None:
+    env = {**os.environ, FORKSERVER_ENV: str(tmp_path / "none.sock"), "PREFECT__FLOW_RUN_ID": "not-a-uuid",
+           "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    out = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert "warm start unavailable" in out.stderr and "Invalid flow run id" in out.stderr + out.stdout
+    assert out.returncode == 1

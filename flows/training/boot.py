@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
@@ -41,9 +42,10 @@ def _world_size() -> int:
         return 0
 
 
-def run_engine(fork_standbys: bool = False) -> int:
+def run_engine(fork_standbys: bool = False, client_pid: int | None = None) -> int:
     """Start the run's DDP workers, then run Prefect's engine here. Forked
-    workers need torch imported and no thread started yet (a fork server's child)."""
+    workers need torch imported and no thread started yet (a fork server's
+    child, which also watches its `client_pid`, the boot process)."""
     world = _world_size()
     if world > 0:
         from flows.training.standby import POOL
@@ -52,6 +54,8 @@ def run_engine(fork_standbys: bool = False) -> int:
             POOL.fork(world)
         else:
             POOL.refill(world)
+    if client_pid is not None:
+        watch_client(client_pid)  # the first thread: after the forks
     try:
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
@@ -62,28 +66,38 @@ def run_engine(fork_standbys: bool = False) -> int:
 def run_warm(path: str) -> int | None:
     """Have the fork server start this run's flow process and relay for it; its
     exit code, or None if the server cannot (then start cold)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(ANSWER_TIMEOUT_S)  # a server that accepts but never answers: start cold
         sock.connect(path)
-        request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:]}).encode() + b"\n"
+        request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:],
+                              "client_pid": os.getpid()}).encode() + b"\n"
         sent = socket.send_fds(sock, [request[: 1 << 15]], [0, 1, 2])
         sock.sendall(request[sent:])
         replies = sock.makefile("rb")
         answer = json.loads(replies.readline() or b"{}")
     except (OSError, ValueError) as exc:
+        sock.close()  # before starting cold: a server that forks late sees us gone and kills its fork
         print(f"elasticflow: warm start unavailable ({exc}); starting cold", file=sys.stderr, flush=True)
         return None
     if "pid" not in answer:
+        sock.close()
         print(f"elasticflow: warm start refused ({answer.get('refused', 'no answer')}); starting cold",
               file=sys.stderr, flush=True)
         return None
     pid = int(answer["pid"])
     sock.settimeout(None)
+    try:  # a handle on that very process: no signal can reach a reused PID
+        pidfd: int | None = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        pidfd = None
 
     def relay(signum: int, frame: object) -> None:
         try:
-            os.kill(pid, signum)
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:
+                os.kill(pid, signum)
         except ProcessLookupError:
             pass
 
@@ -95,11 +109,34 @@ def run_warm(path: str) -> int | None:
         line = b""
     if line:
         return int(json.loads(line)["exit"])
-    # The server went away first: wait for the flow process; its state in
-    # Prefect, which it sets itself, is what counts.
-    while _alive(pid):
-        time.sleep(0.5)
-    return 0
+    # The server went away first: wait for the flow process, then report a
+    # failure, which Prefect ignores if the run already reached a final state
+    # and otherwise marks it Crashed instead of leaving it Running.
+    print(f"elasticflow: fork server gone; waiting for flow process {pid}", file=sys.stderr, flush=True)
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+    else:
+        while _alive(pid):
+            time.sleep(0.5)
+    return 1
+
+
+def watch_client(client_pid: int) -> None:
+    """In a warm flow process: die with the boot process that relays for it.
+    Prefect's hard kill (SIGKILL) reaches boot only; this does to the flow
+    process what it would have done to a cold one, even without the server."""
+    import threading
+
+    try:
+        fd = os.pidfd_open(client_pid)
+    except (OSError, AttributeError):
+        return  # the server's kill on disconnect remains
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="elasticflow-client-watch", daemon=True).start()
 
 
 def _alive(pid: int) -> bool:
@@ -117,7 +154,8 @@ def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the only ones without a handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code & 0xFF)
 

@@ -63,6 +63,7 @@ class Job:
     env: dict[str, str]
     cwd: str
     argv: list[str]
+    client_pid: int | None = None
 
     def run(self) -> int:
         """Become the flow process: the run's DDP workers first (forked while this
@@ -79,7 +80,7 @@ class Job:
             return 1
         from flows.training import boot
 
-        return boot.run_engine(fork_standbys=True)
+        return boot.run_engine(fork_standbys=True, client_pid=self.client_pid)
 
 
 class ForkServer:
@@ -128,10 +129,15 @@ class ForkServer:
         return None
 
     def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> Job | None:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except OSError as exc:  # out of fds, say: this client times out and starts cold, others still come
+            print(f"elasticflow fork server: accept failed: {exc}", file=sys.stderr, flush=True)
+            time.sleep(0.1)
+            return None
         fds: list[int] = []
         try:
-            conn.settimeout(10.0)
+            conn.settimeout(60.0)  # as long as the client waits for an answer
             data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
             while not data.endswith(b"\n") and data and len(data) < MAX_REQUEST:
                 more = conn.recv(1 << 16)
@@ -140,6 +146,7 @@ class ForkServer:
                 data += more
             request = json.loads(data)
             env, cwd, argv = dict(request["env"]), str(request["cwd"]), [str(a) for a in request.get("argv", [])]
+            client_pid = int(request["client_pid"]) if request.get("client_pid") else None
             if len(fds) != 3:
                 raise ValueError(f"expected stdin, stdout and stderr, got {len(fds)} fds")
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -156,7 +163,19 @@ class ForkServer:
                 os.close(fd)
             conn.close()
             return None
-        pid = os.fork()
+        if self._client_gone(conn):  # it gave up waiting and started cold: no second engine for its run
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no memory or process slots for a copy of this process: the client starts cold
+            self._answer(conn, {"refused": f"fork failed: {exc}"})
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
         if pid == 0:  # the flow process: drop the server's sockets, take the client's stdio
             sel.close()
             listener.close()
@@ -168,16 +187,30 @@ class ForkServer:
             for target, fd in zip((0, 1, 2), fds):
                 os.dup2(fd, target)
                 os.close(fd)
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, signal.SIG_DFL)
-            return Job(env, cwd, argv)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+            return Job(env, cwd, argv, client_pid)
         for fd in fds:
             os.close(fd)
         conn.settimeout(None)
         self.children[pid] = conn
         sel.register(conn, selectors.EVENT_READ, pid)
         self._answer(conn, {"pid": pid})
+        print(f"forked flow process pid={pid} flow_run={env.get('PREFECT__FLOW_RUN_ID', '?')} "
+              f"world_size={env.get('ELASTICFLOW_WORLD_SIZE', '0')}", flush=True)
         return None
+
+    @staticmethod
+    def _client_gone(conn: socket.socket) -> bool:
+        conn.setblocking(False)
+        try:
+            return conn.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        finally:
+            conn.setblocking(True)
 
     def _client_event(self, conn: socket.socket, sel: selectors.BaseSelector) -> None:
         """A client sends nothing after its request: readable means it is gone."""
@@ -205,13 +238,17 @@ class ForkServer:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            code = os.waitstatus_to_exitcode(status)
+            print(f"flow process pid={pid} exited with {code}", flush=True)
             if conn is not None:
                 sel.unregister(conn)
-                self._answer(conn, {"exit": os.waitstatus_to_exitcode(status)})
+                self._answer(conn, {"exit": code})
                 conn.close()
 
     @staticmethod
     def _answer(conn: socket.socket, message: dict[str, object]) -> None:
+        if "refused" in message:
+            print(f"refused a flow process: {message['refused']}", flush=True)
         try:
             conn.sendall(json.dumps(message).encode() + b"\n")
         except OSError:
@@ -236,6 +273,11 @@ def main(argv: list[str]) -> int:
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if threads:  # a fork would copy their locks in whatever state they are
         print(f"elasticflow fork server: not serving, imports started threads {threads}", file=sys.stderr)
+        return 1
+    import torch
+
+    if torch.cuda.is_initialized():  # forks could not use CUDA
+        print("elasticflow fork server: not serving, imports initialised CUDA", file=sys.stderr)
         return 1
     print(f"elasticflow fork server imported in {time.time() - started:.1f} s", flush=True)
     job = ForkServer(path, parent).serve()

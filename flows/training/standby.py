@@ -104,18 +104,28 @@ class WorkerPool:
         and not touched CUDA (a fork server's child before its engine runs)."""
         from flows.training import worker
 
+        if threading.active_count() > 1 or worker.torch.cuda.is_initialized():
+            self.refill(count)  # not safe to fork here: start them as fresh interpreters
+            return
         with self._lock:
             for _ in range(count):
                 read, write = os.pipe()
                 pid = os.fork()
                 if pid == 0:
-                    os.close(write)
-                    for other in self._standby:  # or a sibling never sees its launcher go
-                        if isinstance(other, ForkedWorker):
-                            other.stdin.close()
-                    os.dup2(read, 0)
-                    os.close(read)
-                    worker.run_standby(forked=True)  # never returns
+                    try:
+                        os.close(write)
+                        for other in self._standby:  # or a sibling never sees its launcher go
+                            if isinstance(other, ForkedWorker):
+                                other.stdin.close()
+                        os.dup2(read, 0)
+                        os.close(read)
+                        devnull = os.open(os.devnull, os.O_WRONLY)  # as a fresh standby's, until handed a log
+                        os.dup2(devnull, 1)
+                        os.dup2(devnull, 2)
+                        os.close(devnull)
+                        worker.run_standby(forked=True)
+                    finally:
+                        os._exit(1)  # never back into the flow process's code
                 os.close(read)
                 self._standby.append(ForkedWorker(pid, os.fdopen(write, "wb")))
 

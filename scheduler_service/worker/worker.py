@@ -210,7 +210,9 @@ class ElasticFlowWorker(ProcessWorker):
             return None
         path = Path(tempfile.mkdtemp(prefix="elasticflow-")) / "fork.sock"  # short: socket paths max out at 107
         env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-               "ELASTICFLOW_HOME": str(self.home)}
+               "ELASTICFLOW_HOME": str(self.home),
+               # torch.cuda.is_available() through NVML, which leaves forks free to use CUDA
+               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         logs = self.home / "logs"
@@ -218,7 +220,8 @@ class ElasticFlowWorker(ProcessWorker):
         with open(logs / "forkserver.log", "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "flows.training.forkserver", str(path), str(os.getpid())], env=env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=path.parent)  # like Prefect's workspace folder: no prefect.toml or .env of the worker's
         self._logger.info("warm start: fork server pid %d at %s (log %s)", process.pid, path, logs / "forkserver.log")
         return process, path
 
@@ -776,7 +779,16 @@ class ElasticFlowWorker(ProcessWorker):
         if self._forkserver is not None and isinstance(configuration, ElasticFlowJobConfiguration):
             from flows.training.boot import FORKSERVER_ENV
 
-            configuration.env[FORKSERVER_ENV] = str(self._forkserver[1])
+            # A forked process keeps what its interpreter read at start (sys.path,
+            # TMPDIR, thread counts...) from the worker's environment; a run whose
+            # job variables change any of it starts cold. Prefect settings are
+            # compared by the server itself.
+            own = sorted(k for k, v in configuration.env.items()
+                         if not k.startswith(("PREFECT_", "ELASTICFLOW_")) and os.environ.get(k) != v)
+            if own:
+                self._logger.info("flow run %s starts cold: its job variables set %s", run_id, ", ".join(own))
+            else:
+                configuration.env[FORKSERVER_ENV] = str(self._forkserver[1])
         if not configuration._command_configured:
             from prefect.utilities.processutils import command_to_string, get_sys_executable
 

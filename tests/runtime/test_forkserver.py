@@ -21,28 +21,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _children(pid: int) -> list[int]:
+    """Live (not yet exited) child processes of `pid`."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(proc.name))
-            except (OSError, IndexError, ValueError):
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
                 continue
+            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+                found.append(int(proc.name))
     return found
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
-    base = tmp_path_factory.mktemp("fork")
+def api() -> Iterator[str]:
+    """An API that accepts connections and never answers: an engine asking it
+    for its run waits, a process to signal."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/api"
+    sock.close()
+
+
+def _start_server(base: Path, api_url: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     path = base / "s.sock"
-    # An API that accepts connections and never answers: an engine asking it
-    # for its run waits, a process to signal.
-    api = socket.socket()
-    api.bind(("127.0.0.1", 0))
-    api.listen(64)
-    env = {**os.environ, "PREFECT_HOME": str(base / "prefect"), "PYTHONPATH": str(ROOT),
-           "PREFECT_API_URL": f"http://127.0.0.1:{api.getsockname()[1]}/api"}
+    env = {**os.environ, "PREFECT_HOME": str(base / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api_url}
     env.pop(FORKSERVER_ENV, None)
     log = open(base / "server.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "flows.training.forkserver", str(path)], env=env,
@@ -51,11 +56,45 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
     while not path.exists():
         assert proc.poll() is None and time.time() < end, (base / "server.log").read_text()
         time.sleep(0.2)
-    yield proc, {**env, FORKSERVER_ENV: str(path)}
+    return proc, {**env, FORKSERVER_ENV: str(path)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, api: str) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
+    proc, env = _start_server(tmp_path_factory.mktemp("fork"), api)
+    yield proc, env
     proc.terminate()
     assert proc.wait(timeout=30) == 0
-    assert not path.exists()
-    api.close()
+    assert not Path(env[FORKSERVER_ENV]).exists()
+
+
+def _forked(server_pid: int, boot: subprocess.Popen[str]) -> int:
+    """The flow process the server forked for `boot`."""
+    end = time.time() + 60
+    while not _children(server_pid):
+        assert time.time() < end and boot.poll() is None, "no flow process was forked"
+        time.sleep(0.1)
+    (child,) = _children(server_pid)
+    return child
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    end = time.time() + within_s
+    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+        if time.time() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+RUN_ID = "00000000-0000-4000-8000-000000000000"  # valid, on an API that never answers: the engine waits
 
 
 def _boot(env: dict[str, str], **extra: str) -> subprocess.Popen[str]:
@@ -82,29 +121,38 @@ def test_other_prefect_settings_than_the_servers_start_cold_and_say_why(server) 
 
 def test_signals_reach_the_forked_process_and_a_killed_client_takes_it_along(server) -> None:
     proc, env = server
-    run_id = "00000000-0000-4000-8000-000000000000"
-    boot = _boot(env, PREFECT__FLOW_RUN_ID=run_id)
-    end = time.time() + 60
-    while not _children(proc.pid):
-        assert time.time() < end and boot.poll() is None
-        time.sleep(0.1)
-    (child,) = _children(proc.pid)
+    boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
+    _forked(proc.pid, boot)
     boot.send_signal(signal.SIGTERM)
     boot.communicate(timeout=30)  # long before the engine's request would time out
     assert boot.returncode != 0  # it ended on the relayed SIGTERM, not by itself
     assert not _children(proc.pid)  # and the server reaped it
 
-    boot = _boot(env, PREFECT__FLOW_RUN_ID=run_id)
-    while not _children(proc.pid):
-        assert time.time() < end + 60 and boot.poll() is None
-        time.sleep(0.1)
-    (child,) = _children(proc.pid)
+    boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
+    child = _forked(proc.pid, boot)
     boot.kill()  # Prefect's hard kill: no relay, the server sees the connection drop
     boot.wait()
-    end = time.time() + 10
-    while child in _children(proc.pid):
-        assert time.time() < end, "the flow process outlived its killed client"
-        time.sleep(0.1)
+    assert _gone(child), "the flow process outlived its killed client"
+
+
+def test_a_flow_process_killed_by_a_signal_is_reported_so(server) -> None:
+    proc, env = server
+    boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
+    os.kill(_forked(proc.pid, boot), signal.SIGKILL)  # the OOM killer, say
+    boot.communicate(timeout=30)
+    assert boot.returncode == -signal.SIGKILL  # as if Prefect had started the flow process itself
+
+
+def test_without_its_server_a_flow_process_still_dies_with_its_client(tmp_path: Path, api: str) -> None:
+    proc, env = _start_server(tmp_path, api)
+    boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
+    child = _forked(proc.pid, boot)
+    proc.kill()  # the server crashes; its forks carry on
+    proc.wait()
+    assert not _gone(child, within_s=1.0)
+    boot.kill()  # and Prefect's hard kill still reaches the flow process
+    boot.wait()
+    assert _gone(child), "the flow process outlived its killed client"
 
 
 def test_without_a_server_the_flow_process_starts_cold(tmp_path: Path) -> None:

@@ -86,7 +86,9 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
     assert first_run.state.is_completed(), first_run.state
     assert "rescale" in [action for action, _ in _allocations(stack, first)]
     assert iteration() == 2500  # one flow run throughout: the resize happened inside it
-    history = stack.allocation_artifact(first)
+    # The release is recorded when the flow process has exited, a moment after its run is Completed.
+    history = stack.wait_until(lambda: (h := stack.allocation_artifact(first)) and "| release |" in h and h, 30,
+                               "the release in the allocation history")
     for action in ("admitted", "launch", "rescale", "release"):
         assert f"| {action} |" in history
     cluster = _cluster_artifact()

@@ -32,6 +32,7 @@ from flows.training.standby import POOL, WorkerPool
 __all__ = ["POOL", "ProgressCallback", "Segment", "WorkerPool", "free_port", "prune_segment_dirs", "run_segment"]
 
 log = logging.getLogger("elasticflow.launcher")
+HANDOVER_S = 90.0  # launch -> every rank has opened its log (started its segment); else the segment failed
 
 ProgressCallback = Callable[[int, float, float], None]  # (iteration, loss, wall time)
 
@@ -121,10 +122,35 @@ class Segment:
 
     def _log_tail(self, rank: int, chars: int = 2000) -> str:
         path = self.dir / f"rank{rank}.log"
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+        if path.exists():
+            return path.read_text(errors="replace")[-chars:]
+        early = getattr(self.procs[rank], "standby_log", None) if rank < len(self.procs) else None
+        if early and Path(early).exists():  # it never got as far as its segment: what it said before
+            return "(before taking its segment) " + Path(early).read_text(errors="replace")[-chars:]
+        return ""
+
+    def _not_taken(self, codes: list[int | None]) -> list[tuple[int, int | None]]:
+        """Ranks that never took their segment (no log of theirs): gone without
+        it, or still without it HANDOVER_S after the launch. A standby that
+        never starts its segment would otherwise hold the others in their
+        rendezvous until its timeout."""
+        late = time.time() > self.launch_t + HANDOVER_S
+        return [(r, c) for r, c in enumerate(codes)
+                if (c is not None or late) and not (self.dir / f"rank{r}.log").exists()]
 
     def wait(
         self, on_progress: ProgressCallback | None = None, poll_s: float = 0.05, timeout_s: float | None = None
+    ) -> SegmentResult:
+        try:
+            return self._wait(on_progress, poll_s, timeout_s)
+        finally:
+            for proc in self.procs:  # read into any crash report by now; a standby handed over removed its own
+                early = getattr(proc, "standby_log", None)
+                if early:
+                    Path(early).unlink(missing_ok=True)
+
+    def _wait(
+        self, on_progress: ProgressCallback | None, poll_s: float, timeout_s: float | None
     ) -> SegmentResult:
         """Block until every worker exits; crash handling kills the survivors.
 
@@ -146,16 +172,18 @@ class Segment:
             for line in self.poll_progress():
                 if on_progress:
                     on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)] or self._not_taken(codes)
             if failed:
                 # Survivors are stuck in a collective with a dead peer: no point
                 # in a graceful stop, the last checkpoint is what we resume from.
                 self.kill(grace_s=0.0)
                 # A rank killed by a signal is the likely cause; the others then
                 # fail in a collective. Report that one's log, and every exit code.
-                rank, code = min(failed, key=lambda rc: (rc[1] >= 0, rc[0]))
+                rank, code = min(failed, key=lambda rc: (rc[1] is None or rc[1] >= 0, rc[0]))
                 codes_text = ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes))
-                error = f"worker rank {rank} exited with {code} ({codes_text}): {self._log_tail(rank)}"
+                what = (f"exited with {code}" if (self.dir / f"rank{rank}.log").exists()
+                        else f"never took its segment (exit code {code})")
+                error = f"worker rank {rank} {what} ({codes_text}): {self._log_tail(rank)}"
                 log.warning(
                     "segment crashed run_key=%s rank=%d code=%s dir=%s", self.spec.run_key, rank, code, self.dir
                 )

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from flows.training.launcher import run_segment
@@ -86,8 +87,12 @@ def profile_throughput(
                 device=default_device(device),
                 save_at_end=False,
             )
-            left = None if give_up is None else max(0.0, give_up - time.time())
-            result = run_segment(spec, ids[:count], workdir=None, timeout_s=left)
+            for attempt in (1, 2):  # a worker process can fail to start its part: once more, fresh
+                left = None if give_up is None else max(0.0, give_up - time.time())
+                result = run_segment(spec, ids[:count], workdir=Path(scratch), timeout_s=left)
+                if result.reason != "crashed" or attempt == 2 or (give_up is not None and time.time() >= give_up):
+                    break
+                log.warning("profiling model=%s gpus=%d crashed, retrying: %s", model, count, result.error)
             if result.reason == "crashed":
                 raise RuntimeError(f"profiling {model} on {count} GPUs failed: {result.error}")
             curve[count] = steady_rate(result, warmup)

@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import IO, Union
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+STANDBY_LOG_ENV = "ELASTICFLOW_STANDBY_LOG"
 
 
 class ForkedWorker:
@@ -74,13 +76,22 @@ class WorkerPool:
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = "1"  # read once at process start by the OpenMP runtime
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
-        return subprocess.Popen(
-            [sys.executable, "-m", "flows.training.worker", "--standby"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # What it says before it has a segment's log, kept for a crash report;
+        # removed by the standby itself once handed a segment or told to go.
+        fd, log = tempfile.mkstemp(prefix="elasticflow-standby-", suffix=".log")
+        env[STANDBY_LOG_ENV] = log
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "flows.training.worker", "--standby"],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=fd,
+                stderr=fd,
+            )
+        finally:
+            os.close(fd)
+        proc.standby_log = log  # type: ignore[attr-defined]
+        return proc
 
     def _alive(self) -> list[Worker]:
         return [p for p in self._standby if p.poll() is None]
@@ -141,6 +152,9 @@ class WorkerPool:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            early = getattr(proc, "standby_log", None)
+            if early:
+                Path(early).unlink(missing_ok=True)
 
 
 POOL = WorkerPool()

@@ -278,7 +278,11 @@ def standby() -> int:
     import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
 
     line = sys.stdin.readline()
+    early_log = os.environ.pop("ELASTICFLOW_STANDBY_LOG", None)  # see flows.training.standby
     if not line.strip():
+        if early_log:
+            with contextlib.suppress(OSError):
+                os.unlink(early_log)
         return 0
     order = json.loads(line)
     os.environ.update(order["env"])
@@ -286,6 +290,9 @@ def standby() -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    if early_log:
+        with contextlib.suppress(OSError):
+            os.unlink(early_log)
     return main(order["segment_dir"])
 
 

@@ -67,3 +67,21 @@ def test_a_profile_past_its_time_raises_instead_of_blocking_the_service() -> Non
     with pytest.raises(RuntimeError, match="did not finish"):
         profile_throughput("mlp", 8, [1, 2], iterations=100_000, warmup=2, device="cpu", timeout_s=2.0,
                            dataset={"name": "synthetic-vectors"})
+
+
+def test_a_worker_gone_before_taking_its_segment_fails_the_segment_at_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pool = WorkerPool()
+    # A "standby" that exits cleanly a moment after it is handed a segment, without ever reading it.
+    pool._standby.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"],
+                                          stdin=subprocess.PIPE))
+    segment = Segment(_spec(tmp_path, 1_000_000), [0, 1], pool=pool)
+    try:
+        segment.start()
+        result = segment.wait(timeout_s=120.0)  # without the check: the other rank waits in its rendezvous
+    finally:
+        pool.close()
+    assert result.reason == "crashed" and "worker rank 0 never took its segment" in (result.error or "")
+    assert all(proc.poll() is not None for proc in segment.procs)

@@ -38,14 +38,14 @@ import os
 import selectors
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-
-from flows.training.boot import FORKSERVER_ENV, WARM_ENV  # noqa: F401  # socket path; "0": always cold
 
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
 
@@ -253,6 +253,29 @@ class ForkServer:
             conn.sendall(json.dumps(message).encode() + b"\n")
         except OSError:
             pass
+
+
+def launch(home: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a server for the calling worker (it stops when that process goes);
+    its socket path. Its environment is the one a flow process of this worker
+    gets, less the run's own variables: the worker's, and its Prefect settings."""
+    from prefect.settings import get_current_settings
+
+    path = Path(tempfile.mkdtemp(prefix="elasticflow-")) / "fork.sock"  # short: socket paths max out at 107
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+           "ELASTICFLOW_HOME": str(home),
+           # torch.cuda.is_available() through NVML, which leaves forks free to use CUDA
+           "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "forkserver.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flows.training.forkserver", str(path), str(os.getpid())], env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=path.parent)  # like Prefect's workspace folder: no prefect.toml or .env of the worker's
+    return process, path
 
 
 def _warm_up() -> None:

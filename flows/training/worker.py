@@ -22,7 +22,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -249,7 +249,7 @@ class Worker:
         os.replace(tmp, self.dir / "result.json")
 
 
-def main(segment_dir: str) -> int:
+def main(segment_dir: str) -> NoReturn:
     signal.signal(signal.SIGTERM, _on_sigterm)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
@@ -264,7 +264,10 @@ def main(segment_dir: str) -> int:
     worker.report(start_iteration, reason)
     dist.barrier()
     dist.destroy_process_group()
-    return 0
+    # Exit from here: returning would free `worker` (its DDP model and reducer),
+    # whose process-group destructors can wait for ever on a peer that has
+    # already exited (seen about once in ten 2-worker segments with gloo).
+    _exit(0)
 
 
 def standby() -> int:
@@ -305,7 +308,7 @@ def run_standby(forked: bool = False) -> None:
     _exit(standby())
 
 
-def _exit(code: int) -> None:
+def _exit(code: int) -> NoReturn:
     # Everything is on disk (checkpoint, result.json); skip interpreter teardown,
     # which takes ~1 s with torch loaded and sits on the rescale path.
     logging.shutdown()

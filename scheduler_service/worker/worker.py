@@ -19,8 +19,6 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
-import sys
-import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -198,31 +196,16 @@ class ElasticFlowWorker(ProcessWorker):
             )
 
     def _start_forkserver(self) -> tuple[subprocess.Popen[bytes], Path] | None:
-        """The warm start of flow processes (flows/training/forkserver.py): started
-        now, it imports while the worker waits for runs; until its socket exists
-        flow processes start cold. Its environment is what a flow process's would
-        be apart from the run's own variables, or it refuses them."""
-        from prefect.settings import get_current_settings
-
+        """The warm start of flow processes: started now, it imports while the
+        worker waits for runs; until its socket exists flow processes start cold."""
         from flows.training.boot import WARM_ENV
+        from flows.training.forkserver import launch
 
         if os.environ.get(WARM_ENV, "1") == "0":
             return None
-        path = Path(tempfile.mkdtemp(prefix="elasticflow-")) / "fork.sock"  # short: socket paths max out at 107
-        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-               "ELASTICFLOW_HOME": str(self.home),
-               # torch.cuda.is_available() through NVML, which leaves forks free to use CUDA
-               "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        logs = self.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / "forkserver.log", "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "flows.training.forkserver", str(path), str(os.getpid())], env=env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                cwd=path.parent)  # like Prefect's workspace folder: no prefect.toml or .env of the worker's
-        self._logger.info("warm start: fork server pid %d at %s (log %s)", process.pid, path, logs / "forkserver.log")
+        process, path = launch(self.home)
+        self._logger.info("warm start: fork server pid %d at %s (log %s)", process.pid, path,
+                          self.home / "logs" / "forkserver.log")
         return process, path
 
     async def teardown(self, *exc_info: Any) -> None:

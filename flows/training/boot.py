@@ -73,7 +73,8 @@ def run_warm(path: str) -> int | None:
         request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:],
                               "client_pid": os.getpid()}).encode() + b"\n"
         sent = socket.send_fds(sock, [request[: 1 << 15]], [0, 1, 2])
-        sock.sendall(request[sent:])
+        if sent < len(request):  # not even an empty send once all is out: a refusal may have closed it already
+            sock.sendall(request[sent:])
         replies = sock.makefile("rb")
         answer = json.loads(replies.readline() or b"{}")
     except (OSError, ValueError) as exc:

@@ -20,11 +20,13 @@ Prefect settings in the run's environment that differ from the server's
 (they are read once at import, so a warm process would run with stale ones).
 
 Protocol, one UNIX-socket connection per run: the client sends one JSON line
-`{"env": {...}, "cwd": "...", "argv": [...]}` with its fds 0, 1, 2 attached (SCM_RIGHTS); the
-server answers `{"pid": N}` or `{"refused": "why"}`, and `{"exit": code}` once
-the flow process has exited. If the client goes away first (Prefect's hard
-kill is a SIGKILL), the server SIGKILLs the flow process's PID, as that kill
-would have done to a cold one: its DDP workers notice and checkpoint.
+`{"env": {...}, "cwd": "...", "argv": [...], "client_pid": N}` with its fds
+0, 1, 2 attached (SCM_RIGHTS); the server answers `{"pid": N}` or
+`{"refused": "why"}`, and `{"exit": code}` once the flow process has exited.
+If the client goes away first (Prefect's hard kill is a SIGKILL), the flow
+process is SIGKILLed, as that kill would have done to a cold one (by the
+server, and by the flow process itself, which watches the client's PID): its
+DDP workers notice and checkpoint.
 
 Fork safety: the server is single-threaded (checked after its imports) and
 never touches CUDA, so a forked child may still choose its devices.

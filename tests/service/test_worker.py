@@ -165,9 +165,14 @@ def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack)
     stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 0, 150,
                      "the run to train")
     stack.kill_worker()
+    # What it holds: the GPUs it acknowledged and any it was told to move to
+    # (one or both slots, depending on whether the run before it had finished).
+    control = stack.home / "control" / run_id
+    held = sorted({*json.loads((control / "ack.json").read_text())["gpus"],
+                   *json.loads((control / "command.json").read_text())["gpus"]})
     stack.start_worker(stack.worker_log.with_name("worker-restarted.log"))
     stack.wait_worker_started()
-    assert f"adopted running flow run {run_id} on GPUs 0,1" in stack.worker_log.read_text()
+    assert f"adopted running flow run {run_id} on GPUs {','.join(map(str, held))}" in stack.worker_log.read_text()
     done = stack.wait_final(run_id, 120)
     assert done.state.is_completed(), done.state
     # The same flow run, never relaunched by Prefect (a relaunch passes through

@@ -31,6 +31,17 @@ def _ack(run: Run, iteration: int = 0) -> None:
     run.channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=command.gpus or []))
 
 
+def _alone_on_both(tmp: Path) -> tuple[Scheduler, Run]:
+    """A scheduler whose one run, "a", trains on both GPUs."""
+    sched = _scheduler()
+    a = _run(tmp, "a", T0, 4000, T0 + 600)
+    sched.arrive(a)
+    sched.plan(T0)
+    sched.actuate(T0)
+    _ack(a)
+    return sched, a
+
+
 def test_admitted_run_launches_on_its_placement_and_gets_the_command(tmp_path: Path) -> None:
     sched = _scheduler()
     sched.arrive(_run(tmp_path, "a", T0, 4000, T0 + 600))
@@ -44,12 +55,7 @@ def test_admitted_run_launches_on_its_placement_and_gets_the_command(tmp_path: P
 
 
 def test_gpus_change_hands_only_after_the_old_holder_acknowledged(tmp_path: Path) -> None:
-    sched = _scheduler()
-    a = _run(tmp_path, "a", T0, 4000, T0 + 600)
-    sched.arrive(a)
-    sched.plan(T0)
-    sched.actuate(T0)
-    _ack(a)
+    sched, a = _alone_on_both(tmp_path)
     # b needs one GPU within a slot or two to make its deadline: a shrinks to one.
     b = _run(tmp_path, "b", T0 + 2, 20 * 36, T0 + 2 + 40)
     sched.arrive(b)
@@ -181,12 +187,7 @@ def test_a_waiting_run_admitted_before_a_restart_is_launched_not_decided_again(t
 
 
 def test_an_arrival_mid_slot_is_decided_at_once_without_being_credited_the_slot_gone(tmp_path: Path) -> None:
-    sched = _scheduler()
-    a = _run(tmp_path, "a", T0, 4000, T0 + 600)
-    sched.arrive(a)
-    sched.plan(T0)
-    sched.actuate(T0)
-    _ack(a)
+    sched, a = _alone_on_both(tmp_path)
     assert sched.plan(T0 + 1.5) is None  # nothing new: the next plan is at the boundary
     b = _run(tmp_path, "b", T0 + 1.5, 200, T0 + 120)
     sched.arrive(b)

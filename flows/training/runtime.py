@@ -63,8 +63,14 @@ class _Termination:
     """Turns SIGTERM on the flow process into a graceful stop of the workers.
 
     Workers checkpoint at the next boundary; afterwards the previous handler
-    (Prefect's, which may reschedule the run) gets the signal as if we were not
-    there. Only installable from the main thread.
+    gets the signal as if we were not there. Only installable from the main
+    thread.
+
+    Under Prefect's engine nothing is installed: Prefect's own SIGTERM bridge
+    must stay in place, because the runner acknowledges a cancellation only
+    while it is (otherwise a cancelled run ends Crashed, not Cancelled). Its
+    `TerminationSignal` reaches `run_training`'s segment, which stops the
+    workers the same way (they checkpoint) before the exception goes on.
     """
 
     def __init__(self) -> None:
@@ -74,7 +80,7 @@ class _Termination:
         self.installed = False
 
     def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not _prefect_bridge_installed():
             self.previous = signal.signal(signal.SIGTERM, self._handle)
             self.installed = True
 
@@ -93,6 +99,13 @@ class _Termination:
                 self.previous(signal.SIGTERM, None)
             elif self.previous == signal.SIG_DFL:
                 os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _prefect_bridge_installed() -> bool:
+    """Whether SIGTERM is Prefect's bridge (a flow run under Prefect's engine)."""
+    from prefect.utilities.engine import _prefect_sigterm_handler
+
+    return signal.getsignal(signal.SIGTERM) is _prefect_sigterm_handler
 
 
 def _standby_target(
@@ -168,7 +181,6 @@ def run_training(
     def launch(spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback, standby: int) -> SegmentResult:
         segment = Segment(spec, gpus, workdir=segments_dir)
         termination.segment = segment
-        segment.start()
         refilled = False
 
         def progress(iteration: int, loss: float, wall_t: float) -> None:
@@ -180,9 +192,10 @@ def run_training(
                 refilled = True
             on_progress(iteration, loss, wall_t)
 
-        if segment_hook:
-            segment_hook(segment)
-        try:
+        try:  # a TerminationSignal can land anywhere here, even between handing out two workers' orders
+            segment.start()
+            if segment_hook:
+                segment_hook(segment)
             return segment.wait(progress)
         except BaseException:
             segment.kill(grace_s=30.0)  # let workers checkpoint before we go

@@ -154,6 +154,36 @@ def test_sigterm_to_the_flow_process_checkpoints_then_defers_to_the_old_handler(
     assert_same_trajectory(resumed.losses, reference())
 
 
+def test_under_prefects_sigterm_bridge_the_workers_checkpoint_and_the_bridge_stays_in_charge(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
+    """Prefect acknowledges a cancellation only while its own SIGTERM handler is
+    installed; so under the engine the runtime leaves it there, and Prefect's
+    TerminationSignal stops the segment the same way: workers checkpoint first."""
+    from prefect.exceptions import TerminationSignal
+    from prefect.utilities.engine import _prefect_sigterm_handler, capture_sigterm
+
+    params = make_params(iterations=N, checkpoint_interval=1000)
+    handlers: list[object] = []
+
+    def on_segment(segment: Segment) -> None:
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        when_iteration_reaches(segment, 10, lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # what capture_sigterm re-sends to
+    try:
+        with pytest.raises(TerminationSignal), capture_sigterm():
+            run_training(params, "cancelled", segment_hook=on_segment)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert handlers == [_prefect_sigterm_handler]
+    done = CheckpointStorage(params.checkpoint_store).iterations("cancelled")
+    assert done and 10 <= done[-1] < N  # stopped at a boundary after iteration 10, with a checkpoint there
+    resumed = run_training(params, "cancelled")
+    assert resumed.status == "completed" and resumed.segments[0].start_iteration == done[-1]
+    assert_same_trajectory(resumed.losses, reference())
+
+
 def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(
     make_params: Callable[..., TrainParameters], reference: Any
 ) -> None:

@@ -144,6 +144,28 @@ def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_plac
     assert all(action != "launch" for action, _ in _allocations(stack, dropped))
 
 
+def test_cancelling_a_running_run_ends_it_cancelled_with_a_checkpoint_and_frees_its_gpus(stack: Stack) -> None:
+    """The UI's cancel button on a training run: Prefect's runner must be able to
+    acknowledge the cancellation (so the run ends Cancelled, not Crashed), the
+    workers checkpoint before they go, and the GPUs are released after the process."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    from elasticflow_block import CheckpointStorage
+
+    run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
+    status = stack.home / "control" / run_id / "status.json"
+    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 5, 150,
+                     "the run to train")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
+    run = stack.wait_final(run_id, 90)
+    assert (run.state.type.value, run.state.name) == ("CANCELLED", "Cancelled"), f"{run.state!r}\n{stack.log_tail()}"
+    done = CheckpointStorage(str(stack.home / "checkpoints")).iterations(run_id)
+    assert done and 5 < done[-1] < 5000  # written on the way out, not by the interval
+    stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the release")
+
+
 def test_a_model_never_profiled_is_profiled_on_free_slots_then_admitted(stack: Stack) -> None:
     from scheduler_service.store import get_curve
     from scheduler_service.store.db import get_engine

@@ -9,7 +9,8 @@ work pool, waits for it, and returns where the trained checkpoint is.
 The scheduler answers at once. A rejection is raised as `TrainingRejected`
 with the reason and the earliest deadline that could be met, so the pipeline
 can choose: relax its SLA, train a smaller model, or alert a person. Any other
-end that is not a completed run raises `TrainingFailed`.
+end that is not a completed run raises `TrainingFailed`. A pipeline that stops
+waiting (cancelled, crashed, timed out) cancels the training run it submitted.
 
     from elasticflow_block import train_model, TrainingRejected
 
@@ -27,6 +28,7 @@ end that is not a completed run raises `TrainingFailed`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -242,6 +244,59 @@ def learn_steps(names: Sequence[str], policy: HistoryPolicy, flow_name: str | No
     return [step_from_history(name, task_durations(name, flow_name, policy.last_n), policy) for name in names]
 
 
+def wait_for_run(
+    run_id: str, poll_interval_s: float, timeout_s: float | None, logger: logging.Logger | logging.LoggerAdapter[Any],
+    outage_s: float = 300.0,
+) -> Any:
+    """Poll the run until it ends or `timeout_s` passes; the last read run either way.
+
+    A lost connection to the API is waited out for up to `outage_s`: the
+    training run does not depend on this process, so a short outage must not
+    fail a pipeline whose model is still training.
+    """
+    from prefect.client.orchestration import get_client
+
+    give_up = None if timeout_s is None else time.monotonic() + timeout_s
+    failing_since: float | None = None
+    flow_run: Any = None
+    with get_client(sync_client=True) as client:
+        while True:
+            try:
+                flow_run = client.read_flow_run(run_id)  # type: ignore[arg-type]
+                failing_since = None
+            except Exception as exc:  # httpx errors, 5xx after the client's own retries
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > outage_s:
+                    raise
+                logger.warning("cannot read train flow run %s (%s); retrying", run_id, exc)
+            if flow_run is not None and flow_run.state is not None and flow_run.state.is_final():
+                return flow_run
+            if give_up is not None and time.monotonic() >= give_up:
+                return flow_run
+            time.sleep(poll_interval_s)
+
+
+def cancel_run(run_id: str, why: str, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    """Ask Prefect to cancel the run unless it already ended; never raises (we are usually unwinding).
+
+    `Cancelling` is what the UI's cancel button sets: a running run is stopped by
+    its worker (the workers checkpoint first) and ends Cancelled; a run still
+    waiting for GPUs or profiling is cancelled at once and gives its place back.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(run_id).state  # type: ignore[arg-type]
+            if state is not None and (state.is_final() or state.is_cancelling()):
+                return
+            client.set_flow_run_state(run_id, Cancelling(message=why), force=True)  # type: ignore[arg-type]
+        logger.warning("cancelled train flow run %s: %s", run_id, why)
+    except Exception as exc:
+        logger.error("could not cancel train flow run %s (%s); cancel it by hand: %s", run_id, exc, why)
+
+
 def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     try:
         return get_run_logger()
@@ -368,6 +423,10 @@ def train_model(
     Raises `SLATooClose` before submitting when no time is left to train,
     `TrainingRejected` when the scheduler refuses the deadline, and
     `TrainingFailed` for any other unsuccessful end.
+
+    The training run lives only as long as someone waits for it: when this step
+    stops waiting (the pipeline run is cancelled or crashes, Ctrl-C, or
+    `timeout_s` passes), the training run is cancelled and its GPUs go back.
     """
     del after  # only there to order the DAG: Prefect resolved it before this body runs
     logger = _logger()
@@ -401,10 +460,25 @@ def train_model(
 
     from prefect.deployments import run_deployment
 
-    flow_run = run_deployment(
-        request.deployment, parameters=request.train_parameters(plan.deadline), as_subflow=True,
-        timeout=timeout_s, poll_interval=poll_interval_s,
+    submitted = run_deployment(
+        request.deployment, parameters=request.train_parameters(plan.deadline), as_subflow=True, timeout=0,
     )
+    run_id = str(submitted.id)
+    logger.info("elasticflow.train_model submitted flow_run=%s deployment=%s", run_id, request.deployment)
+    # Nobody will read what it trains once this step stops waiting (the pipeline
+    # was cancelled or crashed, or gave up): its GPUs go back to runs whose
+    # results someone awaits.
+    try:
+        flow_run = wait_for_run(run_id, poll_interval_s, timeout_s, logger)
+    except BaseException as exc:
+        cancel_run(run_id, f"the pipeline step waiting for it stopped ({type(exc).__name__}: {exc})", logger)
+        raise
+    if flow_run is None or flow_run.state is None or not flow_run.state.is_final():
+        cancel_run(run_id, f"the pipeline step waiting for it stopped (timeout_s={timeout_s} passed)", logger)
+        raise TrainingFailed(
+            f"train flow run {run_id} not finished within timeout_s={timeout_s}; it was cancelled",
+            run_id, "CANCELLING", "Cancelling",
+        )
     logger.info(
         "elasticflow.train_model finished flow_run=%s state=%s name=%s",
         flow_run.id, flow_run.state.type.value if flow_run.state else None,  # type: ignore[union-attr]

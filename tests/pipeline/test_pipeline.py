@@ -8,11 +8,12 @@ import json
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect import flow, task
 
-from elasticflow_block import HistoryPolicy, TrainingRejected, train_model
+from elasticflow_block import HistoryPolicy, TrainingFailed, TrainingRejected, train_model
 from elasticflow_block.pipeline import learn_steps
 from tests.service.conftest import Stack
 
@@ -39,6 +40,18 @@ def test_a_rejected_deadline_raises_the_typed_error_with_reason_and_earliest_dea
     assert rejected.plan is not None and rejected.plan.deadline < started + timedelta(minutes=2)
     run = stack.flow_run(rejected.flow_run_id)
     assert run.state.name == "Rejected" and run.parent_task_run_id is not None  # a subflow run of the caller
+
+
+@flow(name="impatient")
+def impatient() -> None:
+    train_model("mlp", {"global_batch_size": 32}, sla="+60m", iterations=20000, timeout_s=3, poll_interval_s=0.5)
+
+
+def test_a_step_that_stops_waiting_cancels_its_training_run(stack: Stack) -> None:
+    with pytest.raises(TrainingFailed, match="not finished within timeout_s=3; it was cancelled") as caught:
+        impatient()
+    run = stack.wait_final(str(caught.value.flow_run_id), 90)
+    assert run.state.is_cancelled() and run.state.name != "Rejected", f"{run.state!r}"
 
 
 @task(name="evaluate")
@@ -93,3 +106,38 @@ def test_the_daily_pipeline_trains_admitted_evaluates_the_checkpoint_and_registe
         evaluate = [t for t in client.read_task_runs() if t.flow_run_id == pipeline.id and t.name.startswith("evaluate")]
     assert parent.flow_run_id == pipeline.id  # the training run is a subflow of the pipeline run
     assert evaluate and evaluate[0].state.is_completed()
+
+
+def test_cancelling_the_pipeline_cancels_the_training_run_it_waits_for(pipeline_stack: Stack) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    stack = pipeline_stack
+    pipeline = run_deployment("pipeline/daily", parameters={"sla": "+60m", "iterations": 20000}, timeout=0)
+
+    def training_run() -> Any:
+        with get_client(sync_client=True) as client:
+            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[pipeline.id])))
+        return children[0] if children else None
+
+    train = stack.wait_until(training_run, 150, "the pipeline to submit its training run")
+    status = stack.home / "control" / str(train.id) / "status.json"
+    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 0, 150,
+                     "the training run to train")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(pipeline.id, Cancelling(message="SLA dropped"), force=True)
+    assert stack.wait_final(str(pipeline.id), 90).state.is_cancelled()
+    train = stack.wait_final(str(train.id), 90)
+    assert (train.state.type.value, train.state.name) == ("CANCELLED", "Cancelled"), f"{train.state!r}"
+    why = [s.message for s in _states(str(train.id)) if s.name == "Cancelling"]
+    assert why and why[0].startswith("the pipeline step waiting for it stopped (TerminationSignal")
+
+
+def _states(run_id: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return list(client.read_flow_run_states(run_id))  # type: ignore[arg-type]

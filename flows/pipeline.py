@@ -30,7 +30,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict
 
-from elasticflow_block.deadline import HistoryPolicy, resolve_sla
+from elasticflow_block.deadline import HistoryPolicy, SLATooClose, resolve_sla
 from elasticflow_block.home import elasticflow_home
 from elasticflow_block.pipeline import TrainedModel, TrainingRejected, train_model
 
@@ -152,6 +152,23 @@ def register(trained: TrainedModel, evaluation: Evaluation, sla: datetime, regis
     return str(path)
 
 
+def _scheduled_start() -> datetime:
+    """When this run was due to start: what a time-of-day or relative SLA counts from.
+
+    A 01:00 run that a stopped worker starts at 06:05 is still due at today's
+    06:00 (and fails as too late, saying so), not quietly at tomorrow's.
+    """
+    now = datetime.now(timezone.utc)
+    scheduled = flow_run.scheduled_start_time
+    return min(scheduled, now) if isinstance(scheduled, datetime) and scheduled.tzinfo else now
+
+
+def _refused(key: str, title: str, body: str) -> None:
+    """An artifact on the pipeline run saying why it will not deliver on time."""
+    create_markdown_artifact(key=key, markdown=f"**{title}**\n\n{body}",
+                             description="Training could not be scheduled to meet this pipeline's SLA")
+
+
 @flow(name="pipeline", persist_result=False)
 def daily_pipeline(
     sla: str | None = None,
@@ -166,7 +183,7 @@ def daily_pipeline(
     time of day such as `06:00Z` (its next occurrence); default `06:00Z`.
     """
     logger = get_run_logger()
-    due = resolve_sla(sla or DEFAULT_SLA, datetime.now(timezone.utc))
+    due = resolve_sla(sla or DEFAULT_SLA, _scheduled_start())
     home = elasticflow_home()
     run_key = str(flow_run.id or uuid.uuid4())
     data = prepare_data.submit(str(home / "pipeline" / run_key), samples)
@@ -189,18 +206,14 @@ def daily_pipeline(
         # A real pipeline picks one: relax the SLA to rejected.earliest_feasible_sla,
         # retry with a smaller model or fewer iterations, or page someone. Here: say
         # exactly what was refused and fail the run, which an automation can alert on.
-        create_markdown_artifact(
-            key="pipeline-training-rejected",
-            markdown=(
-                f"**training rejected**: `{rejected.reason}`\n\n{rejected.message}\n\n"
-                f"earliest feasible SLA: {rejected.earliest_feasible_sla.isoformat() if rejected.earliest_feasible_sla else 'unknown'}"
-            ),
-            description="The scheduler could not meet the training deadline derived from this pipeline's SLA",
-        )
-        logger.error(
-            "training rejected reason=%s earliest_feasible_sla=%s", rejected.reason,
-            rejected.earliest_feasible_sla.isoformat() if rejected.earliest_feasible_sla else None,
-        )
+        earliest = rejected.earliest_feasible_sla.isoformat() if rejected.earliest_feasible_sla else "unknown"
+        _refused("pipeline-training-rejected", f"training rejected: `{rejected.reason}`",
+                 f"{rejected.message}\n\nearliest feasible SLA: {earliest}")
+        logger.error("training rejected reason=%s earliest_feasible_sla=%s", rejected.reason, earliest)
+        raise
+    except SLATooClose as too_close:  # nothing was submitted: no time was left to train
+        _refused("pipeline-training-rejected", "no time left to train", str(too_close))
+        logger.error("training not submitted: %s", too_close)
         raise
     evaluation = evaluate(trained, data.result())
     return register(trained, evaluation, due, str(home / "registry"))

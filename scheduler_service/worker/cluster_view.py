@@ -77,16 +77,19 @@ class ClusterView:
                                gpus_per_node=topology.gpus_per_node, jobs=[*jobs, *self.finished])
 
     def _retire(self, live: set[str], runs: dict[str, Run], now: float) -> None:
-        """Runs gone since the last snapshot stay listed as finished, with the
-        iteration their status file reached and when they ended."""
+        """Runs gone since the last snapshot stay listed, with the iteration
+        their status file reached and when they ended: "finished" if that was
+        the last iteration, "stopped" if not (cancelled, failed, stopped), so a
+        run that never got there is not shown as having met its deadline."""
         for run_id, job in self._live.items():
             if run_id in live:
                 continue
             run = runs.get(run_id)
             status = (run.channel.status() if run is not None else None) or {}
             done = float(status.get("iteration") or job.iterations_done)
+            ended = "finished" if job.iterations_total > 0 and done >= job.iterations_total else "stopped"
             self.finished.appendleft(job.model_copy(update=dict(
-                status="finished", gpus=[], iterations_done=done, projected_finish=_dt(now))))
+                status=ended, gpus=[], iterations_done=done, projected_finish=_dt(now))))
 
     def risk_changes(self, snapshot: ClusterSnapshot) -> list[tuple[str, JobView]]:
         """("at-risk" | "recovered", job) for each admitted job whose outlook flipped."""

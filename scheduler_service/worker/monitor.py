@@ -18,8 +18,9 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-# The deadline-at-risk margin when none is given: a projection within a minute
-# of the deadline is one slow slot away from missing it.
+# The deadline-at-risk margin when none is given (the service passes its own,
+# ELASTICFLOW_AT_RISK_S): a projection within a minute of the deadline is one
+# slow slot away from missing it.
 DEFAULT_MARGIN = timedelta(minutes=1)
 # Jobs beyond this many (by GPU-seconds) share one "other jobs" band in the
 # plot: a legend of hundreds of runs helps nobody.
@@ -32,7 +33,7 @@ class JobView(BaseModel):
     name: str  # the flow run's name
     flow_run_id: str
     model: str
-    status: str  # e.g. "running", "waiting", "admitted", "finished"
+    status: str  # e.g. "running", "waiting", "admitted", "finished"; "stopped": ended before its last iteration
     share: int | None = None  # minimum satisfactory share (GPUs); None: best-effort
     gpus: list[int] = Field(default_factory=list)  # GPUs it holds now
     iterations_done: float = 0.0
@@ -71,6 +72,7 @@ class Outlook(str, Enum):
     LATE = "late"  # projected after the deadline, or the deadline passed unfinished
     MET = "met"  # finished by its deadline
     MISSED = "missed"  # finished after its deadline
+    STOPPED = "stopped"  # ended before its last iteration: cancelled, failed or stopped
     UNKNOWN = "no projection"  # has a deadline, no projected finish yet
     BEST_EFFORT = "best-effort"
 
@@ -83,6 +85,7 @@ _MARK = {
     Outlook.LATE: "🔴 **late**",
     Outlook.MET: "✅ met",
     Outlook.MISSED: "❌ **missed**",
+    Outlook.STOPPED: "⏹ stopped",
     Outlook.UNKNOWN: "⚪ no projection",
     Outlook.BEST_EFFORT: "⚪ best-effort",
 }
@@ -109,6 +112,8 @@ def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> O
     if job.deadline is None:
         return Outlook.BEST_EFFORT
     deadline = _utc(job.deadline)
+    if job.status == "stopped":  # neither met nor missed: nobody wants its result any more
+        return Outlook.STOPPED
     if job.status in _FINISHED:
         if job.projected_finish is None:
             return Outlook.UNKNOWN

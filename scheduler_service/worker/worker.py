@@ -53,6 +53,7 @@ RESTART_ENV = "ELASTICFLOW_RESTART_S"  # restart cost the plans charge, plus 0.5
 LAUNCH_ENV = "ELASTICFLOW_LAUNCH_S"  # launch -> first iteration of a new run (unset: 15 s, raised by starts seen)
 PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when profiling on first use
 PROFILE_TIMEOUT_ENV = "ELASTICFLOW_PROFILE_TIMEOUT_S"  # longest wait in Profiling, for GPUs or a measurement (600 s)
+AT_RISK_ENV = "ELASTICFLOW_AT_RISK_S"  # a deadline is at risk when the projected finish is within this (60 s)
 
 PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
 TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
@@ -169,8 +170,9 @@ class ElasticFlowWorker(ProcessWorker):
         self._launched_at: dict[str, float] = {}  # launch -> first iteration: what a start really costs
         self._warned_start_s = 0.0
         self._forkserver: tuple[subprocess.Popen[bytes], Path] | None = None
-        # Deadline at risk: projected finish within one slot of the deadline.
-        self.view = ClusterView(self.cluster, margin_s=self.interval)
+        # Deadline at risk: projected finish within the margin of the deadline (at least a slot:
+        # closer than that, the next plan may not have had its say yet).
+        self.view = ClusterView(self.cluster, margin_s=max(self.interval, float(os.environ.get(AT_RISK_ENV) or 60.0)))
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:

@@ -87,3 +87,16 @@ def test_a_finished_run_stays_listed_with_whether_it_met_its_deadline(tmp_path: 
     assert (job.status, job.iterations_done, job.gpus) == ("finished", 1000, [])
     assert "✅ met" in view.markdown(snapshot, NOW + 40)
     assert view.risk_changes(snapshot) == []
+
+
+def test_a_run_that_ended_before_its_last_iteration_is_shown_stopped_not_met(tmp_path: Path) -> None:
+    view = ClusterView(load(ROOT / "infra" / "local-cpu2.csv"), margin_s=60)
+    run = _run(tmp_path, "run-a", deadline_in_s=600, gpus=(0, 1))
+    _progress(run, 300, finish_in_s=200)
+    view.snapshot({"run-a": run}, {"run-a": "ranker"}, {}, NOW)
+    run.phase, run.held = "finished", ()  # cancelled at iteration 300 of 1000
+    snapshot = view.snapshot({"run-a": run}, {"run-a": "ranker"}, {}, NOW + 10)
+    (job,) = snapshot.jobs
+    assert (job.status, job.iterations_done) == ("stopped", 300)
+    text = view.markdown(snapshot, NOW + 10)
+    assert "⏹ stopped" in text and "met" not in text.split("## Jobs")[1].split("_MSS")[0]

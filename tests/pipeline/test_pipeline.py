@@ -141,3 +141,32 @@ def _states(run_id: str) -> list[Any]:
 
     with get_client(sync_client=True) as client:
         return list(client.read_flow_run_states(run_id))  # type: ignore[arg-type]
+
+
+def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_it_is_too_late(
+    pipeline_stack: Stack,
+) -> None:
+    """Due 2 h ago with a one-hour SLA: the SLA passed an hour ago. The run must
+    fail saying so, not move its SLA to an hour from now."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+    )
+    from prefect.deployments import run_deployment
+
+    stack = pipeline_stack
+    late = run_deployment("pipeline/daily", parameters={"sla": "+1h"}, timeout=0,
+                          scheduled_time=datetime.now(timezone.utc) - timedelta(hours=2))
+    run = stack.wait_final(str(late.id), 180)
+    assert run.state.is_failed(), f"{run.state!r}"
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[late.id])))
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[late.id])))
+    (artifact,) = [a for a in artifacts if a.key == "pipeline-training-rejected"]
+    assert "no time left to train" in str(artifact.data) and "leaves no time to train" in str(artifact.data)
+    assert children == []  # nothing was submitted

@@ -54,6 +54,7 @@ def up(
                 f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"
                 f"  PREFECT_API_URL={stack.api_url} prefect deployment run train/mlp "
                 "--param iterations=200 --param deadline=+10m\n"
+                f"  PREFECT_API_URL={stack.api_url} prefect deployment run pipeline/daily --param sla=+10m\n"
                 "Ctrl-C stops everything."
             )
             while True:

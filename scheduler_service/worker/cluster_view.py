@@ -25,6 +25,7 @@ from scheduler_service.worker.monitor import (
     allocation_markdown,
     cluster_markdown,
     deadline_risk,
+    samples_from_changes,
 )
 from scheduler_service.worker.scheduler import Run
 
@@ -54,6 +55,14 @@ class ClusterView:
         self._last_sent = 0.0
         self._live: dict[str, JobView] = {}  # last view of each unfinished run
         self.finished: deque[JobView] = deque(maxlen=FINISHED_SHOWN)
+
+    def restore(self, changes: list[tuple[datetime, str, int]], deadlines: dict[str, datetime]) -> None:
+        """After a restart: the plot's history from the store's allocation rows
+        `(at, run name, GPUs held from then on)`, so it does not start empty."""
+        self.samples.extend(samples_from_changes(changes)[-HISTORY:])
+        self.deadlines.update(deadlines)
+        if self.samples:
+            self._last_allocation = dict(self.samples[-1].gpus)
 
     def snapshot(self, runs: dict[str, Run], names: dict[str, str], projected: dict[str, float],
                  now: float) -> ClusterSnapshot:

@@ -95,9 +95,11 @@ class ServiceStore:
                 query = query.where(DecisionRecord.flow_run_id == flow_run_id)
             return list(session.exec(query.order_by(DecisionRecord.id)).all())
 
-    def allocations(self, flow_run_id: str | None = None) -> list[AllocationRecord]:
+    def allocations(self, flow_run_id: str | None = None, since: datetime | None = None) -> list[AllocationRecord]:
         with Session(self.engine) as session:
             query = select(AllocationRecord)
             if flow_run_id:
                 query = query.where(AllocationRecord.flow_run_id == flow_run_id)
+            if since is not None:
+                query = query.where(AllocationRecord.at >= since)
             return list(session.exec(query.order_by(AllocationRecord.id)).all())

@@ -22,7 +22,7 @@ import subprocess
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -55,6 +55,7 @@ PROFILE_ITERATIONS_ENV = "ELASTICFLOW_PROFILE_ITERATIONS"  # per GPU count when 
 PROFILE_TIMEOUT_ENV = "ELASTICFLOW_PROFILE_TIMEOUT_S"  # longest wait in Profiling, for GPUs or a measurement (600 s)
 AT_RISK_ENV = "ELASTICFLOW_AT_RISK_S"  # a deadline is at risk when the projected finish is within this (60 s)
 
+HISTORY_DESCRIPTION = "ElasticFlow allocation history"  # of each admitted run's own artifact
 PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
 TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
 ADMITTED = "Admitted"
@@ -308,6 +309,48 @@ class ElasticFlowWorker(ProcessWorker):
                 self._logger.info("adopted running flow run %s on GPUs %s", row.flow_run_id, _gpus_label(held))
             else:
                 self._logger.info("adopted admitted flow run %s, still waiting for GPUs", row.flow_run_id)
+            await self._restore_history(row.flow_run_id)
+        self._restore_view()
+
+    def _restore_view(self) -> None:
+        """The cluster plot's last hours from the store: a restart does not wipe it."""
+        assert self.store is not None
+        jobs = {row.flow_run_id: row for row in self.store.jobs()}
+        rows = self.store.allocations(since=datetime.now(timezone.utc) - timedelta(hours=6))
+
+        def name(run_id: str) -> str:
+            row = jobs.get(run_id)
+            return (row.flow_run_name if row is not None and row.flow_run_name else run_id[:8])
+
+        def aware(moment: datetime) -> datetime:
+            return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+        changes = [(aware(r.at), name(r.flow_run_id), len([g for g in r.gpus.split(",") if g])) for r in rows]
+        deadlines = {name(i): aware(row.deadline) for i, row in jobs.items() if row.deadline is not None}
+        self.view.restore(changes, deadlines)
+
+    async def _restore_history(self, run_id: str) -> None:
+        """An adopted run keeps its one allocation-history artifact: found again
+        and continued (earlier rows from the store), not a second one begun."""
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        assert self.store is not None
+        try:
+            artifacts = await self.client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)])))
+        except Exception:
+            self._logger.warning("could not read the artifacts of %s", run_id, exc_info=True)
+            return
+        ours = [a for a in artifacts if a.description == HISTORY_DESCRIPTION]
+        if ours:
+            self._artifacts[run_id] = ours[0].id
+        self._history[run_id] = [
+            {"at": (r.at if r.at.tzinfo else r.at.replace(tzinfo=timezone.utc)).strftime("%H:%M:%S"),
+             "action": r.action, "gpus": r.gpus or "-", "iteration": "-", "projected finish": "-"}
+            for r in self.store.allocations(run_id)
+        ]
 
     async def _watch_adopted(self) -> None:
         """Adopted runs are not our child processes: their end is read from Prefect."""
@@ -695,7 +738,7 @@ class ElasticFlowWorker(ProcessWorker):
             else:
                 artifact = await self.client.create_artifact(ArtifactCreate(
                     type="markdown", data=markdown, flow_run_id=UUID(run_id),
-                    description="ElasticFlow allocation history",
+                    description=HISTORY_DESCRIPTION,
                 ))
                 self._artifacts[run_id] = artifact.id
         except Exception:

@@ -100,3 +100,15 @@ def test_a_run_that_ended_before_its_last_iteration_is_shown_stopped_not_met(tmp
     assert (job.status, job.iterations_done) == ("stopped", 300)
     text = view.markdown(snapshot, NOW + 10)
     assert "⏹ stopped" in text and "met" not in text.split("## Jobs")[1].split("_MSS")[0]
+
+
+def test_after_a_restart_the_plot_starts_from_the_stored_allocations(tmp_path: Path) -> None:
+    view = ClusterView(load(ROOT / "infra" / "local-cpu2.csv"), margin_s=60)
+    at = datetime.fromtimestamp(NOW, timezone.utc)
+    view.restore([(at, "ranker", 2), (at.replace(minute=5), "ranker", 1), (at.replace(minute=5), "urgent", 1)],
+                 {"ranker": at.replace(hour=6)})
+    assert [s.gpus for s in view.samples] == [{"ranker": 2}, {"ranker": 1, "urgent": 1}]
+    run = _run(tmp_path, "run-a", deadline_in_s=600, gpus=(0, 1))
+    snapshot = view.snapshot({"run-a": run}, {"run-a": "ranker"}, {}, NOW + 400)
+    assert view.due(snapshot, NOW + 400)  # the allocation now differs from the last stored one
+    assert len(view.samples) == 3 and "data:image/png;base64," in view.markdown(snapshot, NOW + 400)

@@ -202,3 +202,7 @@ def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack)
     assert _state_names(run_id).count("Pending") == 1
     assert json.loads(status.read_text())["iteration"] == 2500
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the new worker to release it")
+    # Still one allocation-history artifact, continued: the launch from before the crash, the release after.
+    stack.wait_until(lambda: "| release |" in stack.allocation_artifact(run_id), 30,
+                     "the release in the run's allocation history")
+    assert "| launch |" in stack.allocation_artifact(run_id)

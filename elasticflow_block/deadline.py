@@ -34,11 +34,17 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 class SLATooClose(ValueError):
     """The SLA leaves no time to train: the derived deadline is not in the future.
 
-    Raised before anything is submitted; `plan` says where the time went.
+    Raised before anything is submitted; `plan` says where the time went, and
+    `reason` / `earliest_feasible_sla` read as on a `TrainingRejected`, so a
+    pipeline can handle both the same way (any later SLA leaves some time to
+    train; whether enough, only the scheduler can say).
     """
+
+    reason = "sla_too_close"
 
     def __init__(self, plan: DeadlinePlan, now: datetime) -> None:
         self.plan, self.now = plan, now
+        self.earliest_feasible_sla = now + plan.reserved
         steps = ", ".join(f"{s.name} {s.expected} ({s.source})" for s in plan.downstream) or "none"
         super().__init__(
             f"SLA {plan.sla.isoformat()} leaves no time to train: downstream steps [{steps}] plus margin "

@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -311,6 +312,18 @@ def _current_flow_name() -> str | None:
     return context.flow.name if context is not None and context.flow is not None else None
 
 
+def _total_from_status(run_id: str, params: dict[str, Any]) -> int | None:
+    """The run's total iterations from its status file (None when this process cannot see it)."""
+    from flows.training.control import FileControlChannel, default_control_root
+
+    root = params.get("control_dir") or default_control_root()
+    try:
+        total = (FileControlChannel(run_id, Path(root)).status() or {}).get("total_iterations")
+    except (OSError, ValueError):
+        return None
+    return int(total) if isinstance(total, (int, float)) and total > 0 else None
+
+
 def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> TrainedModel:
     """The completed run's newest checkpoint, found where the train flow writes it.
 
@@ -333,9 +346,10 @@ def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> 
             run_id, state.type.value if state else None, state.name if state else None,
         )
     iteration = done[-1]
-    if request.iterations is not None and iteration < request.iterations:
+    total = request.iterations or _total_from_status(run_id, params)  # `epochs`: the run knew its total
+    if total is not None and iteration < total:
         raise TrainingFailed(
-            f"train flow run {run_id} completed after {iteration}/{request.iterations} iterations "
+            f"train flow run {run_id} completed after {iteration}/{total} iterations "
             "(stopped or preempted); its checkpoint is not the trained model",
             run_id, state.type.value if state else None, state.name if state else None,
         )

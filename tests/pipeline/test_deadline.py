@@ -52,6 +52,7 @@ def test_an_sla_too_close_raises_before_anything_is_submitted_and_says_why() -> 
     assert error.plan.deadline == NOW - timedelta(minutes=11)
     assert "evaluate 0:30:00 (given)" in str(error)
     assert (NOW + timedelta(minutes=31)).isoformat() in str(error)  # the earliest SLA that leaves any time
+    assert (error.reason, error.earliest_feasible_sla) == ("sla_too_close", NOW + timedelta(minutes=31))
     assert pickle.loads(pickle.dumps(error)).plan == error.plan
     # exactly at now is no time to train either
     with pytest.raises(SLATooClose):

@@ -48,6 +48,21 @@ def test_completed_without_a_checkpoint_or_short_of_its_iterations_is_a_failure(
         _outcome(stopped, REQUEST, PLAN)
 
 
+def test_a_run_given_in_epochs_is_held_to_the_total_it_reported(tmp_path: Path) -> None:
+    from flows.training.control import FileControlChannel
+
+    by_epochs = REQUEST.model_copy(update={"iterations": None, "epochs": 2.0})
+    run = _run(Completed(), tmp_path)
+    run.parameters["control_dir"] = str(tmp_path / "control")
+    CheckpointStorage(str(tmp_path)).save(str(run.id), 30, {"iteration": 30})
+    channel = FileControlChannel(str(run.id), tmp_path / "control")
+    channel.publish_status({"iteration": 30, "total_iterations": 64})
+    with pytest.raises(TrainingFailed, match="30/64"):
+        _outcome(run, by_epochs, PLAN)
+    channel.publish_status({"iteration": 30, "total_iterations": 30})
+    assert _outcome(run, by_epochs, PLAN).iteration == 30
+
+
 def test_rejected_runs_raise_the_typed_rejection() -> None:
     message = "gpus_reserved_by_admitted_jobs: 3 runs hold them; earliest feasible deadline 2026-11-30T19:00:00+00:00"
     run = _run(Cancelled(name="Rejected", message=message))

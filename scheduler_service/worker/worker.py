@@ -277,6 +277,9 @@ class ElasticFlowWorker(ProcessWorker):
             state = flow_run.state if flow_run is not None else None
             if flow_run is None or state is None or state.is_final():
                 self.store.upsert_job(row.flow_run_id, status="finished", gpus="")
+                if row.status == "running":  # it ended while no worker watched: its GPUs went with it
+                    ended = state.timestamp if state is not None else datetime.now(timezone.utc)
+                    self.store.add(AllocationRecord(flow_run_id=row.flow_run_id, action="release", gpus="", at=ended))
                 continue
             running = state.is_running() or state.is_pending()
             if not running and not (state.is_scheduled() and row.status == "admitted"):

@@ -206,3 +206,23 @@ def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack)
     stack.wait_until(lambda: "| release |" in stack.allocation_artifact(run_id), 30,
                      "the release in the run's allocation history")
     assert "| launch |" in stack.allocation_artifact(run_id)
+
+
+def test_a_run_that_ends_while_no_worker_watches_is_released_by_the_next_one(stack: Stack) -> None:
+    from sqlmodel import Session
+
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import JobRecord
+
+    run_id = stack.submit(iterations=400, deadline="+10m", checkpoint_interval=500)
+    status = stack.home / "control" / run_id / "status.json"
+    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 0, 150,
+                     "the run to train")
+    stack.kill_worker()
+    assert stack.wait_final(run_id, 120).state.is_completed()  # the flow process does not need the worker
+    assert _allocations(stack, run_id)[-1][0] != "release"
+    stack.start_worker(stack.worker_log.with_name("worker-after-the-end.log"))
+    stack.wait_worker_started()
+    assert _allocations(stack, run_id)[-1] == ("release", "")
+    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+        assert session.get(JobRecord, run_id).status == "finished"  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,14 @@ def _cluster_artifact() -> str:
         (artifact,) = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["elasticflow-cluster"])))
     return str(artifact.data)
+
+
+def _wait_training(stack: Stack, run_id: str, past: int = 0) -> Path:
+    """Wait until the run's status file shows an iteration beyond `past`; its path."""
+    status = stack.home / "control" / run_id / "status.json"
+    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > past, 150,
+                     "the run to train")
+    return status
 
 
 def _state_names(run_id: str) -> list[str]:
@@ -154,9 +163,7 @@ def test_cancelling_a_running_run_ends_it_cancelled_with_a_checkpoint_and_frees_
     from elasticflow_block import CheckpointStorage
 
     run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
-    status = stack.home / "control" / run_id / "status.json"
-    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 5, 150,
-                     "the run to train")
+    _wait_training(stack, run_id, past=5)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
     run = stack.wait_final(run_id, 90)
@@ -183,9 +190,7 @@ def test_a_model_never_profiled_is_profiled_on_free_slots_then_admitted(stack: S
 
 def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack) -> None:
     run_id = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=250)
-    status = stack.home / "control" / run_id / "status.json"
-    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 0, 150,
-                     "the run to train")
+    status = _wait_training(stack, run_id)
     stack.kill_worker()
     # What it holds: the GPUs it acknowledged and any it was told to move to
     # (one or both slots, depending on whether the run before it had finished).
@@ -215,9 +220,7 @@ def test_a_run_that_ends_while_no_worker_watches_is_released_by_the_next_one(sta
     from scheduler_service.worker.store import JobRecord
 
     run_id = stack.submit(iterations=400, deadline="+10m", checkpoint_interval=500)
-    status = stack.home / "control" / run_id / "status.json"
-    stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 0, 150,
-                     "the run to train")
+    _wait_training(stack, run_id)
     stack.kill_worker()
     assert stack.wait_final(run_id, 120).state.is_completed()  # the flow process does not need the worker
     assert _allocations(stack, run_id)[-1][0] != "release"

@@ -69,6 +69,11 @@ def _iso(seconds: float | None) -> str | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc).isoformat()
 
 
+def _aware(moment: datetime) -> datetime:
+    """A time read back from the store; SQLite hands it back naive, though it was written in UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def _gpus_label(gpus: tuple[int, ...] | list[int]) -> str:
     return ",".join(map(str, gpus))
 
@@ -295,12 +300,9 @@ class ElasticFlowWorker(ProcessWorker):
             points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
             limit = min(row.global_batch_size, self.cluster.topology.max_job_gpus)
             curve = ThroughputCurve({g: v for g, v in points.items() if g <= limit} or {1: 1e-9})
-
-            def rel(moment: datetime) -> float:
-                return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
-
-            job = Job(job_id=row.flow_run_id, submit_time=rel(row.submitted_at), iterations=row.iterations,
-                      deadline=None if row.deadline is None else rel(row.deadline), curve=curve,
+            job = Job(job_id=row.flow_run_id, submit_time=_aware(row.submitted_at).timestamp(),
+                      iterations=row.iterations,
+                      deadline=None if row.deadline is None else _aware(row.deadline).timestamp(), curve=curve,
                       model=row.model, batch_size=row.global_batch_size)
             run = Run(row.flow_run_id, job, channel, held=held if running else (),
                       commanded=commanded if running else (), pending_seq=pending if running else None,
@@ -325,11 +327,8 @@ class ElasticFlowWorker(ProcessWorker):
             row = jobs.get(run_id)
             return (row.flow_run_name if row is not None and row.flow_run_name else run_id[:8])
 
-        def aware(moment: datetime) -> datetime:
-            return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-        changes = [(aware(r.at), name(r.flow_run_id), len([g for g in r.gpus.split(",") if g])) for r in rows]
-        deadlines = {name(i): aware(row.deadline) for i, row in jobs.items() if row.deadline is not None}
+        changes = [(_aware(r.at), name(r.flow_run_id), len([g for g in r.gpus.split(",") if g])) for r in rows]
+        deadlines = {name(i): _aware(row.deadline) for i, row in jobs.items() if row.deadline is not None}
         self.view.restore(changes, deadlines)
 
     async def _restore_history(self, run_id: str) -> None:
@@ -350,7 +349,7 @@ class ElasticFlowWorker(ProcessWorker):
         if ours:
             self._artifacts[run_id] = ours[0].id
         self._history[run_id] = [
-            {"at": (r.at if r.at.tzinfo else r.at.replace(tzinfo=timezone.utc)).strftime("%H:%M:%S"),
+            {"at": _aware(r.at).strftime("%H:%M:%S"),
              "action": r.action, "gpus": r.gpus or "-", "iteration": "-", "projected finish": "-"}
             for r in self.store.allocations(run_id)
         ]

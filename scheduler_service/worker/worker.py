@@ -792,6 +792,11 @@ class ElasticFlowWorker(ProcessWorker):
         task_status: Optional[anyio.abc.TaskStatus[int]] = None,
     ) -> ProcessWorkerResult:
         run_id = str(flow_run.id)
+        if await self._settle_cancelling(flow_run, "before its process started"):
+            await self._finished(run_id)
+            if task_status is not None:
+                task_status.started(0)  # no process: Prefect records no PID and releases its slot
+            return ElasticFlowWorkerResult(identifier="", status_code=0)
         placed = self.scheduler.runs.get(run_id)
         if placed is not None and isinstance(configuration, ElasticFlowJobConfiguration):
             gpus = list(placed.commanded)
@@ -832,7 +837,25 @@ class ElasticFlowWorker(ProcessWorker):
             result = await super().run(flow_run, configuration, task_status)
         finally:
             await self._finished(run_id)
+            await self._settle_cancelling(flow_run, "and its process exited without ending it")
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
+
+    async def _settle_cancelling(self, flow_run: FlowRun, when: str) -> bool:
+        """End a run cancelled after we made it Pending, whether or not we started
+        it: True if it was Cancelling. Its engine refuses such a run and exits
+        without ending it (as does a process killed before it acknowledged a
+        cancellation), and Prefect's worker handles that only with
+        `enable_cancellation`: it would stay Cancelling for ever."""
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+            if state is None or not state.is_cancelling():
+                return False
+            await self.client.set_flow_run_state(flow_run.id, Cancelled(message=state.message or "cancelled"))
+        except Exception:
+            self._logger.warning("could not settle the cancellation of flow run %s", flow_run.id, exc_info=True)
+            return False
+        self._logger.info("flow run %s was cancelled %s; marked Cancelled", flow_run.id, when)
+        return True
 
     async def _finished(self, run_id: str) -> None:
         if run_id in self.scheduler.runs and self.scheduler.runs[run_id].phase != "finished":

@@ -4,6 +4,9 @@ started with `prefect worker start`, `train` flow runs of a tiny MLP."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -170,6 +173,48 @@ def test_cancelling_a_running_run_ends_it_cancelled_with_a_checkpoint_and_frees_
     assert (run.state.type.value, run.state.name) == ("CANCELLED", "Cancelled"), f"{run.state!r}\n{stack.log_tail()}"
     done = CheckpointStorage(str(stack.home / "checkpoints")).iterations(run_id)
     assert done and 5 < done[-1] < 5000  # written on the way out, not by the interval
+    stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the release")
+
+
+def test_a_run_cancelled_before_its_process_starts_ends_cancelled_and_frees_its_gpus(stack: Stack) -> None:
+    """Cancelled between the worker's Pending and its launch (a pipeline step
+    timing out as its run starts): nothing is started, and the run does not stay
+    Cancelling for ever, as Prefect's worker leaves it without `enable_cancellation`."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
+    with get_client(sync_client=True) as client:
+        deadline = time.time() + 60
+        while (state := client.read_flow_run(run_id).state).is_scheduled() and time.time() < deadline:  # type: ignore[arg-type, union-attr]
+            time.sleep(0.05)
+        assert state is not None and state.is_pending(), f"not cancelled while pending: {state!r}\n{stack.log_tail()}"
+        client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
+    run = stack.wait_final(run_id, 90)
+    assert run.state.is_cancelled() and run.state.message == "not needed any more", f"{run.state!r}\n{stack.log_tail()}"
+    assert f"flow run {run_id} was cancelled before its process started" in stack.worker_log.read_text()
+    stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the release")
+
+
+def test_a_run_whose_process_dies_while_it_is_cancelling_ends_cancelled(stack: Stack) -> None:
+    """Its engine never acknowledged the cancellation (it exited refusing a run
+    already Cancelling at its start, or was killed): once the process is gone the
+    run is Cancelled, not left Cancelling, and its GPUs are free."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    # A cold start: the PID Prefect records is the engine's, leader of the run's process group.
+    run_id = str(run_deployment("train/mlp", parameters={"iterations": 20000, "deadline": "+60m"}, timeout=0,
+                                job_variables={"env": {"ELASTICFLOW_WARM_START": "0"}}).id)  # type: ignore[union-attr]
+    pid = int(str(stack.wait_until(lambda: stack.flow_run(run_id).infrastructure_pid, 120, "a launch")).split(":")[-1])
+    os.killpg(pid, signal.SIGSTOP)  # it cannot acknowledge anything now
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
+    os.killpg(pid, signal.SIGKILL)
+    run = stack.wait_final(run_id, 60)
+    assert run.state.is_cancelled() and run.state.message == "not needed any more", f"{run.state!r}\n{stack.log_tail()}"
+    assert f"flow run {run_id} was cancelled and its process exited without ending it" in stack.worker_log.read_text()
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the release")
 
 

@@ -48,6 +48,7 @@ class Run:
     # already gone when it was decided. The policy sees `deadline - reserve`,
     # users see `deadline`.
     reserve: float = 0.0
+    stopping: bool = False  # told to stop (it was cancelled): never commanded again
 
     @property
     def deadline(self) -> float | None:
@@ -107,6 +108,17 @@ class Scheduler:
             return
         run.phase, run.held, run.target, run.pending_seq = "finished", (), (), None
         self.finished.append(run_id)
+
+    def stop(self, run_id: str) -> bool:
+        """Tell a running run to checkpoint and end (it was cancelled). Its GPUs
+        stay held until it acknowledges, as for a park, and no later command can
+        supersede the stop. False if it is not running."""
+        run = self.runs.get(run_id)
+        if run is None or run.phase != "running":
+            return False
+        if not run.stopping:
+            run.pending_seq, run.stopping = run.channel.request("stop").seq, True
+        return True
 
     # -- the policy: once per slot, and at once for arrivals -------------------
     def due(self, now: float) -> bool:
@@ -188,7 +200,7 @@ class Scheduler:
         def wanted_by_others(run: Run) -> set[int]:
             return {g for r in active if r is not run for g in r.target}
 
-        for run in [r for r in active if r.phase == "running" and r.pending_seq is None]:
+        for run in [r for r in active if r.phase == "running" and r.pending_seq is None and not r.stopping]:
             if run.target == run.commanded:
                 continue
             if run.target and not set(run.target) & held_by_others(run):

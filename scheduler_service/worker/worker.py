@@ -39,6 +39,7 @@ from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.store.db import elasticflow_home
 from scheduler_service.worker import cluster as cluster_mod
+from scheduler_service.worker.cancellation import Cancellations, process_id
 from scheduler_service.worker.cluster_view import ClusterView, emit_risk
 from scheduler_service.worker.scheduler import Action, PlanResult, Run, Scheduler
 from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
@@ -171,6 +172,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._history: dict[str, list[dict[str, str]]] = {}  # allocation history per run, for its artifact
         self._artifacts: dict[str, Any] = {}  # run id -> artifact id
         self._adopted: set[str] = set()  # running runs found after a restart (not our children)
+        self.cancellations = Cancellations()  # Cancelling runs Prefect's worker cannot stop
         self._flow_names: dict[Any, str] = {}  # flow id -> flow name
         self._names: dict[str, str] = {}  # flow run id -> flow run name, for the cluster view
         self._launched_at: dict[str, float] = {}  # launch -> first iteration: what a start really costs
@@ -246,6 +248,7 @@ class ElasticFlowWorker(ProcessWorker):
             await self._take_in(entry.flow_run, now)
         await self._forget_vanished({str(entry.flow_run.id) for entry in responses})
         await self._watch_adopted()
+        await self._watch_cancelling(now)
         await self._collect_profiles(now)
         result = self.scheduler.plan(now)
         if result is not None:
@@ -286,7 +289,8 @@ class ElasticFlowWorker(ProcessWorker):
                     ended = state.timestamp if state is not None else datetime.now(timezone.utc)
                     self.store.add(AllocationRecord(flow_run_id=row.flow_run_id, action="release", gpus="", at=ended))
                 continue
-            running = state.is_running() or state.is_pending()
+            # A run cancelled while no worker watched still runs until it is stopped (_watch_cancelling).
+            running = state.is_running() or state.is_pending() or state.is_cancelling()
             if not running and not (state.is_scheduled() and row.status == "admitted"):
                 self.store.upsert_job(row.flow_run_id, status="arrived")
                 continue  # not decided yet: taken in again by the next poll
@@ -364,13 +368,53 @@ class ElasticFlowWorker(ProcessWorker):
             if run_id not in self.scheduler.runs:
                 continue  # not planned yet
             try:
-                flow_run = await self.client.read_flow_run(UUID(run_id))
-                done = flow_run.state is None or flow_run.state.is_final()
+                flow_run: FlowRun | None = await self.client.read_flow_run(UUID(run_id))
+                done = flow_run is None or flow_run.state is None or flow_run.state.is_final()
             except ObjectNotFound:
-                done = True
+                flow_run, done = None, True
             if done:
                 self._adopted.discard(run_id)
                 await self._finished(run_id)
+                if flow_run is not None:
+                    await self._settle_cancelling(flow_run, "and its process has exited")
+
+    async def _watch_cancelling(self, now: float) -> None:
+        """Running runs left `Cancelling` (adopted ones, or cancelled as they
+        launched: see cancellation.py) are stopped here: told on their control
+        channel, then signalled. An adopted one whose process is gone is ended."""
+        from uuid import UUID
+
+        from prefect.client.schemas.filters import (
+            FlowRunFilter, FlowRunFilterId, FlowRunFilterState, FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        running = [UUID(r) for r, run in self.scheduler.runs.items() if run.phase == "running"]
+        if not running:
+            return
+        try:
+            flow_runs = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=running),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING])),
+            ))
+        except Exception:
+            self._logger.warning("could not read which runs are cancelling", exc_info=True)
+            return
+        for flow_run in flow_runs:
+            run_id, adopted = str(flow_run.id), str(flow_run.id) in self._adopted
+            message = flow_run.state.message if flow_run.state is not None else None
+            due = self.cancellations.observe(run_id, process_id(flow_run.infrastructure_pid), message, now, adopted)
+            if due == "stop" and self.scheduler.stop(run_id):
+                await self._record(run_id, "stop", ())
+                self._logger.info("flow run %s is Cancelling and Prefect's worker does not stop it: told it to stop",
+                                  run_id)
+            elif due in ("terminated", "killed"):
+                self._logger.warning("flow run %s is Cancelling and did not stop when told: %s its process",
+                                     run_id, due)
+            elif due == "gone" and adopted:
+                self._adopted.discard(run_id)
+                await self._finished(run_id)
+                await self._settle_cancelling(flow_run, "and its process is gone")
 
     async def _forget_vanished(self, scheduled: set[str]) -> None:
         """Admitted runs waiting for GPUs that left the Scheduled state without us
@@ -837,20 +881,25 @@ class ElasticFlowWorker(ProcessWorker):
             result = await super().run(flow_run, configuration, task_status)
         finally:
             await self._finished(run_id)
-            await self._settle_cancelling(flow_run, "and its process exited without ending it")
+            await self._settle_cancelling(flow_run, "and its process has exited")
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
 
     async def _settle_cancelling(self, flow_run: FlowRun, when: str) -> bool:
-        """End a run cancelled after we made it Pending, whether or not we started
-        it: True if it was Cancelling. Its engine refuses such a run and exits
-        without ending it (as does a process killed before it acknowledged a
-        cancellation), and Prefect's worker handles that only with
-        `enable_cancellation`: it would stay Cancelling for ever."""
+        """End a run still `Cancelling` whose process is gone or never started, or
+        one whose process we stopped for a cancellation (its engine then reports
+        `Crashed`): `Cancelled`, with the canceller's message. True if it did.
+        Without this such runs stayed `Cancelling` for ever: an engine refuses a
+        run already `Cancelling` and exits without ending it, and Prefect's worker
+        settles that only with `enable_cancellation`."""
+        stop = self.cancellations.forget(str(flow_run.id))
         try:
             state = (await self.client.read_flow_run(flow_run.id)).state
-            if state is None or not state.is_cancelling():
+            stopped_by_us = stop is not None and stop.terminated is not None and state is not None \
+                and state.is_crashed()
+            if state is None or not (state.is_cancelling() or stopped_by_us):
                 return False
-            await self.client.set_flow_run_state(flow_run.id, Cancelled(message=state.message or "cancelled"))
+            message = stop.message if stop is not None else (state.message or "cancelled")
+            await self.client.set_flow_run_state(flow_run.id, Cancelled(message=message), force=stopped_by_us)
         except Exception:
             self._logger.warning("could not settle the cancellation of flow run %s", flow_run.id, exc_info=True)
             return False

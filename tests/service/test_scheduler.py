@@ -81,6 +81,23 @@ def test_gpus_change_hands_only_after_the_old_holder_acknowledged(tmp_path: Path
     assert action.kind == "rescale" and action.gpus == (0, 1)
 
 
+def test_a_run_told_to_stop_holds_its_gpus_until_it_acknowledges_and_is_never_commanded_again(
+        tmp_path: Path) -> None:
+    sched, a = _alone_on_both(tmp_path)
+    assert sched.stop("a") and sched.stop("a")  # once: a second call sends nothing more
+    command = a.channel.latest()
+    assert command is not None and command.action == "stop" and command.seq == 2
+    b = _run(tmp_path, "b", T0 + 2, 20 * 36, T0 + 2 + 40)  # would have shrunk "a" (the test above)
+    sched.arrive(b)
+    sched.plan(T0 + 2)
+    assert {x.run_id: x.kind for x in sched.actuate(T0 + 2)} == {"b": "await"}  # "a" stopping still holds both
+    assert a.channel.latest() == command  # no rescale supersedes the stop
+    _ack(a, iteration=100)
+    actions = {x.run_id: x for x in sched.actuate(T0 + 2)}
+    assert actions["a"].kind == "released" and actions["b"].kind == "launch"
+    assert not sched.stop("missing")
+
+
 def test_best_effort_run_waits_while_no_gpu_is_spare(tmp_path: Path) -> None:
     sched = _scheduler()
     sched.arrive(_run(tmp_path, "a", T0, 3000, T0 + 100))  # needs both GPUs from now on

@@ -4,8 +4,6 @@ started with `prefect worker start`, `train` flow runs of a tiny MLP."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -196,25 +194,31 @@ def test_a_run_cancelled_before_its_process_starts_ends_cancelled_and_frees_its_
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the release")
 
 
-def test_a_run_whose_process_dies_while_it_is_cancelling_ends_cancelled(stack: Stack) -> None:
-    """Its engine never acknowledged the cancellation (it exited refusing a run
-    already Cancelling at its start, or was killed): once the process is gone the
-    run is Cancelled, not left Cancelling, and its GPUs are free."""
+def test_a_run_cancelled_while_no_worker_watches_is_adopted_stopped_with_a_checkpoint_and_ends_cancelled(stack: Stack) -> None:
+    """Prefect's worker stops only processes it launched itself: an adopted run
+    cancelled in the UI trained on to its end and stayed Cancelling for ever.
+    Cancelled while no worker watched, it was not even adopted: its GPUs could
+    have been handed out again while it trained on them."""
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
-    # A cold start: the PID Prefect records is the engine's, leader of the run's process group.
-    run_id = str(run_deployment("train/mlp", parameters={"iterations": 20000, "deadline": "+60m"}, timeout=0,
-                                job_variables={"env": {"ELASTICFLOW_WARM_START": "0"}}).id)  # type: ignore[union-attr]
-    pid = int(str(stack.wait_until(lambda: stack.flow_run(run_id).infrastructure_pid, 120, "a launch")).split(":")[-1])
-    os.killpg(pid, signal.SIGSTOP)  # it cannot acknowledge anything now
+    from elasticflow_block import CheckpointStorage
+
+    run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
+    _wait_training(stack, run_id, past=5)
+    stack.kill_worker()
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
-    os.killpg(pid, signal.SIGKILL)
-    run = stack.wait_final(run_id, 60)
+    stack.start_worker(stack.worker_log.with_name("worker-restarted-to-cancel.log"))
+    stack.wait_worker_started()
+    assert f"adopted running flow run {run_id}" in stack.worker_log.read_text()
+    run = stack.wait_final(run_id, 90)
     assert run.state.is_cancelled() and run.state.message == "not needed any more", f"{run.state!r}\n{stack.log_tail()}"
-    assert f"flow run {run_id} was cancelled and its process exited without ending it" in stack.worker_log.read_text()
+    assert f"flow run {run_id} is Cancelling and Prefect's worker does not stop it: told it to stop" in \
+        stack.worker_log.read_text()
+    assert "Crashed" not in _state_names(run_id)  # stopped through its control channel, not by a signal
+    done = CheckpointStorage(str(stack.home / "checkpoints")).iterations(run_id)
+    assert done and 5 < done[-1] < 5000  # written on the way out, not by the interval
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the release")
 
 

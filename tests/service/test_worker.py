@@ -238,7 +238,9 @@ def test_a_model_never_profiled_is_profiled_on_free_slots_then_admitted(stack: S
 
 
 def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack) -> None:
-    run_id = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=250)
+    # Long enough (about 90 s on two CPU slots) not to end while the worker
+    # restarts on a loaded machine (then there would be nothing to adopt).
+    run_id = stack.submit(iterations=6000, deadline="+15m", checkpoint_interval=500)
     status = _wait_training(stack, run_id)
     stack.kill_worker()
     # What it holds: the GPUs it acknowledged and any it was told to move to
@@ -249,12 +251,12 @@ def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack)
     stack.start_worker(stack.worker_log.with_name("worker-restarted.log"))
     stack.wait_worker_started()
     assert f"adopted running flow run {run_id} on GPUs {','.join(map(str, held))}" in stack.worker_log.read_text()
-    done = stack.wait_final(run_id, 120)
+    done = stack.wait_final(run_id, 300)
     assert done.state.is_completed(), done.state
     # The same flow run, never relaunched by Prefect (a relaunch passes through
     # Pending again; run_count also counts the Rescaling -> Running steps).
     assert _state_names(run_id).count("Pending") == 1
-    assert json.loads(status.read_text())["iteration"] == 2500
+    assert json.loads(status.read_text())["iteration"] == 6000
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 30, "the new worker to release it")
     # Still one allocation-history artifact, continued: the launch from before the crash, the release after.
     stack.wait_until(lambda: "| release |" in stack.allocation_artifact(run_id), 30,

@@ -292,8 +292,14 @@ def cancel_run(run_id: str, why: str, logger: logging.Logger | logging.LoggerAda
             state = client.read_flow_run(run_id).state  # type: ignore[arg-type]
             if state is not None and (state.is_final() or state.is_cancelling()):
                 return
-            client.set_flow_run_state(run_id, Cancelling(message=why), force=True)  # type: ignore[arg-type]
-        logger.warning("cancelled train flow run %s: %s", run_id, why)
+            # Not forced: a run that completes meanwhile stays Completed, and one not
+            # launched yet goes straight to Cancelled (Prefect's own rule).
+            result = client.set_flow_run_state(run_id, Cancelling(message=why))  # type: ignore[arg-type]
+        now = result.state
+        if now is not None and (now.is_cancelling() or now.is_cancelled()):
+            logger.warning("cancelled train flow run %s: %s", run_id, why)
+        else:
+            logger.info("train flow run %s was not cancelled: it is %s", run_id, now.name if now else "gone")
     except Exception as exc:
         logger.error("could not cancel train flow run %s (%s); cancel it by hand: %s", run_id, exc, why)
 

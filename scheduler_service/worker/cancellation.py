@@ -25,6 +25,9 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+Step = Literal["stop", "terminated", "killed", "gone"]
 
 
 @dataclass
@@ -51,11 +54,11 @@ class Cancellations:
         self.kill_after_s = kill_after_s
         self._stops: dict[str, Stop] = {}
 
-    def observe(self, run_id: str, pid: int | None, message: str | None, now: float, adopted: bool) -> str | None:
-        """The run is `Cancelling` at `now`; what is due, for the worker to do or
-        log: "stop" (the worker sends it on the run's control channel),
-        "terminated" or "killed" (done here), "gone" (no process of this run is
-        left: it can be ended) or None (nothing, for now)."""
+    def step(self, run_id: str, pid: int | None, message: str | None, now: float, adopted: bool) -> Step | None:
+        """The run is `Cancelling` at `now`: take the step that is due. "stop" is
+        the worker's to send, on the run's control channel; "terminated" and
+        "killed" are done here; "gone" means no process of this run is left (it
+        can be ended); None, nothing for now."""
         stop = self._stops.setdefault(run_id, Stop(pid, message or "cancelled", now))
         stop.pid = stop.pid or pid  # a run seen as it launched has its PID only later
         if stop.pid is None or not is_flow_process(stop.pid, run_id):
@@ -90,24 +93,23 @@ def process_id(infrastructure_pid: str | None) -> int | None:
 
 def is_flow_process(pid: int, run_id: str) -> bool:
     """Whether `pid` is still the process Prefect started for this flow run: a
-    PID is reused once its process is gone, and a stranger must not be signalled."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here, or not ours to read: trust that it is alive
+    PID is reused once its process is gone, and a stranger must not be
+    signalled. Without /proc (not Linux) a live PID of ours is trusted."""
+    if not Path("/proc/self/environ").exists():
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
+        except OSError:  # gone, or another user's
             return False
-        except PermissionError:
-            return True
         return True
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or another user's
+        return False
     return f"PREFECT__FLOW_RUN_ID={run_id}".encode() in environ.split(b"\0")
 
 
 def _signal(pid: int, signum: int) -> None:
     try:
         os.kill(pid, signum)
-    except ProcessLookupError:
+    except OSError:  # gone since, or not ours: the next step reads "gone"
         pass

@@ -89,14 +89,19 @@ class Scheduler:
     def arrive(self, run: Run) -> None:
         self.arrivals.append(run)
 
-    def adopt(self, run: Run, running: bool = True) -> None:
+    def adopt(self, run: Run, running: bool = True, cancelled: bool = False) -> None:
         """A run an earlier life of the service admitted, found after a restart:
         running (it is re-planned with its real status and stays on its GPUs if
         its width holds) or still waiting for GPUs. If the policy no longer
         guarantees it, it carries on as best-effort: an admitted run is never
-        rejected afterwards."""
+        rejected afterwards. A running one `cancelled` meanwhile is never planned:
+        it is told to stop and holds its GPUs until it does."""
         run.adopted = True
         run.phase = "running" if running else "waiting"
+        if running and cancelled:
+            self.runs[run.run_id] = run
+            self.stop(run.run_id)
+            return
         if running:
             self.policy.placer.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
         self.arrivals.append(run)
@@ -110,14 +115,16 @@ class Scheduler:
         self.finished.append(run_id)
 
     def stop(self, run_id: str) -> bool:
-        """Tell a running run to checkpoint and end (it was cancelled). Its GPUs
-        stay held until it acknowledges, as for a park, and no later command can
-        supersede the stop. False if it is not running."""
+        """Tell a running run to checkpoint and end (it was cancelled). The policy
+        forgets it at once (its deadline no longer holds anyone back), but its
+        GPUs stay held until it acknowledges, as for a park, and no later command
+        can supersede the stop. False if it is not running."""
         run = self.runs.get(run_id)
         if run is None or run.phase != "running":
             return False
         if not run.stopping:
-            run.pending_seq, run.stopping = run.channel.request("stop").seq, True
+            run.pending_seq, run.stopping, run.target = run.channel.request("stop").seq, True, ()
+            self.finished.append(run_id)
         return True
 
     # -- the policy: once per slot, and at once for arrivals -------------------
@@ -132,7 +139,7 @@ class Scheduler:
         out = {}
         for run in [*self.runs.values(), *self.arrivals]:
             run_id = run.run_id
-            if run.phase == "finished":
+            if run.phase == "finished" or run.stopping:
                 continue
             done = 0
             if run.phase == "running":
@@ -174,7 +181,8 @@ class Scheduler:
                 run.job = replace(run.job, deadline=None)
                 self.arrivals.append(run)
         for run_id in finished:
-            self.runs.pop(run_id, None)
+            if run_id in self.runs and self.runs[run_id].phase == "finished":  # a stopping run still holds GPUs
+                del self.runs[run_id]
         for run_id, run in self.runs.items():
             gpus = reply.allocation.get(run_id, 0)
             run.target = reply.placement.gpus(run_id) if gpus else ()

@@ -172,7 +172,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._history: dict[str, list[dict[str, str]]] = {}  # allocation history per run, for its artifact
         self._artifacts: dict[str, Any] = {}  # run id -> artifact id
         self._adopted: set[str] = set()  # running runs found after a restart (not our children)
-        self.cancellations = Cancellations()  # Cancelling runs Prefect's worker cannot stop
+        self._cancellations = Cancellations()  # Cancelling runs Prefect's worker cannot stop
         self._flow_names: dict[Any, str] = {}  # flow id -> flow name
         self._names: dict[str, str] = {}  # flow run id -> flow run name, for the cluster view
         self._launched_at: dict[str, float] = {}  # launch -> first iteration: what a start really costs
@@ -311,7 +311,7 @@ class ElasticFlowWorker(ProcessWorker):
             run = Run(row.flow_run_id, job, channel, held=held if running else (),
                       commanded=commanded if running else (), pending_seq=pending if running else None,
                       since=now - 3600.0, share=row.share)
-            self.scheduler.adopt(run, running=running)
+            self.scheduler.adopt(run, running=running, cancelled=state.is_cancelling())
             self._seen.add(row.flow_run_id)
             if running:
                 self._adopted.add(row.flow_run_id)  # not our child: its end is read from Prefect
@@ -389,12 +389,12 @@ class ElasticFlowWorker(ProcessWorker):
         )
         from prefect.client.schemas.objects import StateType
 
-        running = [UUID(r) for r, run in self.scheduler.runs.items() if run.phase == "running"]
-        if not running:
+        running_ids = [UUID(r) for r, run in self.scheduler.runs.items() if run.phase == "running"]
+        if not running_ids:
             return
         try:
             flow_runs = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                id=FlowRunFilterId(any_=running),
+                id=FlowRunFilterId(any_=running_ids),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING])),
             ))
         except Exception:
@@ -402,19 +402,29 @@ class ElasticFlowWorker(ProcessWorker):
             return
         for flow_run in flow_runs:
             run_id, adopted = str(flow_run.id), str(flow_run.id) in self._adopted
-            message = flow_run.state.message if flow_run.state is not None else None
-            due = self.cancellations.observe(run_id, process_id(flow_run.infrastructure_pid), message, now, adopted)
-            if due == "stop" and self.scheduler.stop(run_id):
-                await self._record(run_id, "stop", ())
-                self._logger.info("flow run %s is Cancelling and Prefect's worker does not stop it: told it to stop",
-                                  run_id)
-            elif due in ("terminated", "killed"):
-                self._logger.warning("flow run %s is Cancelling and did not stop when told: %s its process",
-                                     run_id, due)
-            elif due == "gone" and adopted:
-                self._adopted.discard(run_id)
-                await self._finished(run_id)
-                await self._settle_cancelling(flow_run, "and its process is gone")
+            run = self.scheduler.runs.get(run_id)
+            if run is None or run.phase != "running":  # ended while we read
+                continue
+            try:
+                await self._step_cancelling(flow_run, adopted, now)
+            except Exception:  # one run's trouble must not stop the poll
+                self._logger.exception("could not stop cancelled flow run %s", run_id)
+
+    async def _step_cancelling(self, flow_run: FlowRun, adopted: bool, now: float) -> None:
+        run_id = str(flow_run.id)
+        message = flow_run.state.message if flow_run.state is not None else None
+        step = self._cancellations.step(run_id, process_id(flow_run.infrastructure_pid), message, now, adopted)
+        if step == "stop" and self.scheduler.stop(run_id):
+            await self._record(run_id, "stop", ())
+            self._logger.info("flow run %s is Cancelling and Prefect's worker does not stop it: told it to stop",
+                              run_id)
+        elif step in ("terminated", "killed"):
+            self._logger.warning("flow run %s is Cancelling and did not stop when told: %s its process",
+                                 run_id, step)
+        elif step == "gone" and adopted:
+            self._adopted.discard(run_id)
+            await self._finished(run_id)
+            await self._settle_cancelling(flow_run, "and its process is gone")
 
     async def _forget_vanished(self, scheduled: set[str]) -> None:
         """Admitted runs waiting for GPUs that left the Scheduled state without us
@@ -836,7 +846,7 @@ class ElasticFlowWorker(ProcessWorker):
         task_status: Optional[anyio.abc.TaskStatus[int]] = None,
     ) -> ProcessWorkerResult:
         run_id = str(flow_run.id)
-        if await self._settle_cancelling(flow_run, "before its process started"):
+        if not await self._still_to_launch(flow_run):
             await self._finished(run_id)
             if task_status is not None:
                 task_status.started(0)  # no process: Prefect records no PID and releases its slot
@@ -884,6 +894,23 @@ class ElasticFlowWorker(ProcessWorker):
             await self._settle_cancelling(flow_run, "and its process has exited")
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
 
+    async def _still_to_launch(self, flow_run: FlowRun) -> bool:
+        """False for a run cancelled (or ended by hand) since we made it Pending:
+        Prefect's launcher goes by the state it polled. A `Cancelling` one is
+        ended `Cancelled` here, as nothing else would end it."""
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+        except Exception:
+            self._logger.warning("could not read flow run %s before its launch; launching it", flow_run.id,
+                                 exc_info=True)
+            return True
+        if state is not None and state.is_cancelling():
+            return not await self._settle_cancelling(flow_run, "before its process started")
+        if state is not None and state.is_final():
+            self._logger.info("flow run %s is %s since it was made Pending; not launched", flow_run.id, state.name)
+            return False
+        return True
+
     async def _settle_cancelling(self, flow_run: FlowRun, when: str) -> bool:
         """End a run still `Cancelling` whose process is gone or never started, or
         one whose process we stopped for a cancellation (its engine then reports
@@ -891,11 +918,11 @@ class ElasticFlowWorker(ProcessWorker):
         Without this such runs stayed `Cancelling` for ever: an engine refuses a
         run already `Cancelling` and exits without ending it, and Prefect's worker
         settles that only with `enable_cancellation`."""
-        stop = self.cancellations.forget(str(flow_run.id))
+        stop = self._cancellations.forget(str(flow_run.id))
         try:
             state = (await self.client.read_flow_run(flow_run.id)).state
-            stopped_by_us = stop is not None and stop.terminated is not None and state is not None \
-                and state.is_crashed()
+            stopped_by_us = (stop is not None and stop.terminated is not None
+                             and state is not None and state.is_crashed())
             if state is None or not (state.is_cancelling() or stopped_by_us):
                 return False
             message = stop.message if stop is not None else (state.message or "cancelled")

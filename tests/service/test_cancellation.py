@@ -40,12 +40,12 @@ def test_an_adopted_run_is_stopped_at_once_then_terminated_then_killed_if_it_lin
     process = _start(ignore_sigterm=True)
     processes.append(process)
     stops = Cancellations(grace_s=45, terminate_after_s=30, kill_after_s=60)
-    assert stops.observe(RUN, process.pid, "not needed", now=0.0, adopted=True) == "stop"
-    assert stops.observe(RUN, process.pid, "not needed", now=29.0, adopted=True) is None  # its checkpoint's time
-    assert stops.observe(RUN, process.pid, "not needed", now=30.0, adopted=True) == "terminated"
-    assert stops.observe(RUN, process.pid, "not needed", now=89.0, adopted=True) is None
+    assert stops.step(RUN, process.pid, "not needed", now=0.0, adopted=True) == "stop"
+    assert stops.step(RUN, process.pid, "not needed", now=29.0, adopted=True) is None  # its checkpoint's time
+    assert stops.step(RUN, process.pid, "not needed", now=30.0, adopted=True) == "terminated"
+    assert stops.step(RUN, process.pid, "not needed", now=89.0, adopted=True) is None
     assert process.poll() is None  # it ignores SIGTERM
-    assert stops.observe(RUN, process.pid, "not needed", now=90.0, adopted=True) == "killed"
+    assert stops.step(RUN, process.pid, "not needed", now=90.0, adopted=True) == "killed"
     assert process.wait(10) == -signal.SIGKILL
     stop = stops.forget(RUN)
     assert stop is not None and stop.message == "not needed" and (stop.stopped, stop.terminated) == (0.0, 30.0)
@@ -57,12 +57,12 @@ def test_a_run_this_worker_launched_is_left_to_prefect_for_the_grace_period(
     process = _start()
     processes.append(process)
     stops = Cancellations(grace_s=45, terminate_after_s=30, kill_after_s=60)
-    assert stops.observe(RUN, None, None, now=0.0, adopted=False) == "gone"  # launching: no PID yet
-    assert stops.observe(RUN, process.pid, None, now=44.0, adopted=False) is None
-    assert stops.observe(RUN, process.pid, None, now=45.0, adopted=False) == "stop"
-    assert stops.observe(RUN, process.pid, None, now=75.0, adopted=False) == "terminated"
+    assert stops.step(RUN, None, None, now=0.0, adopted=False) == "gone"  # launching: no PID yet
+    assert stops.step(RUN, process.pid, None, now=44.0, adopted=False) is None
+    assert stops.step(RUN, process.pid, None, now=45.0, adopted=False) == "stop"
+    assert stops.step(RUN, process.pid, None, now=75.0, adopted=False) == "terminated"
     assert process.wait(10) == -signal.SIGTERM
-    assert stops.observe(RUN, process.pid, None, now=76.0, adopted=False) == "gone"
+    assert stops.step(RUN, process.pid, None, now=76.0, adopted=False) == "gone"
     stop = stops.forget(RUN)
     assert stop is not None and stop.message == "cancelled"  # none given
 
@@ -71,7 +71,7 @@ def test_a_pid_now_used_by_another_process_is_never_signalled(processes: list[su
     stranger = _start(run_id="another-run")
     processes.append(stranger)
     assert not is_flow_process(stranger.pid, RUN) and is_flow_process(stranger.pid, "another-run")
-    assert Cancellations().observe(RUN, stranger.pid, None, now=0.0, adopted=True) == "gone"
+    assert Cancellations().step(RUN, stranger.pid, None, now=0.0, adopted=True) == "gone"
     time.sleep(0.2)
     assert stranger.poll() is None
 

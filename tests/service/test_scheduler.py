@@ -87,15 +87,33 @@ def test_a_run_told_to_stop_holds_its_gpus_until_it_acknowledges_and_is_never_co
     assert sched.stop("a") and sched.stop("a")  # once: a second call sends nothing more
     command = a.channel.latest()
     assert command is not None and command.action == "stop" and command.seq == 2
-    b = _run(tmp_path, "b", T0 + 2, 20 * 36, T0 + 2 + 40)  # would have shrunk "a" (the test above)
+    b = _run(tmp_path, "b", T0 + 2, 36 * 60, T0 + 2 + 65)  # needs both GPUs: only if "a" no longer counts
     sched.arrive(b)
-    sched.plan(T0 + 2)
-    assert {x.run_id: x.kind for x in sched.actuate(T0 + 2)} == {"b": "await"}  # "a" stopping still holds both
-    assert a.channel.latest() == command  # no rescale supersedes the stop
+    result = sched.plan(T0 + 2)
+    assert result is not None and result.decisions[0].admitted and "a" not in result.allocation
+    assert sched.runs["b"].target == (0, 1) and sched.runs["a"].target == ()
+    assert {x.run_id: x.kind for x in sched.actuate(T0 + 2)} == {"b": "await"}  # "a" still holds both
+    assert a.channel.latest() == command  # no rescale or park supersedes the stop
     _ack(a, iteration=100)
     actions = {x.run_id: x for x in sched.actuate(T0 + 2)}
     assert actions["a"].kind == "released" and actions["b"].kind == "launch"
-    assert not sched.stop("missing")
+    sched.finish("a")
+    sched.plan(T0 + 4)
+    assert "a" not in sched.runs and not sched.stop("a")
+
+
+def test_a_run_cancelled_while_no_worker_watched_is_adopted_only_to_be_stopped(tmp_path: Path) -> None:
+    sched = _scheduler()
+    a = _run(tmp_path, "a", T0, 4000, T0 + 600)
+    a.held = a.commanded = (0, 1)
+    sched.adopt(a, running=True, cancelled=True)
+    command = a.channel.latest()
+    assert command is not None and command.action == "stop" and sched.gpu_map() == {0: "a", 1: "a"}
+    b = _run(tmp_path, "b", T0, 4000, None)
+    sched.arrive(b)
+    result = sched.plan(T0)
+    assert result is not None and [d.job_id for d in result.decisions] == ["b"]  # "a" is not planned
+    assert {x.run_id: x.kind for x in sched.actuate(T0)} == {"b": "await"}
 
 
 def test_best_effort_run_waits_while_no_gpu_is_spare(tmp_path: Path) -> None:

@@ -373,10 +373,15 @@ class ElasticFlowWorker(ProcessWorker):
             except ObjectNotFound:
                 flow_run, done = None, True
             if done:
-                self._adopted.discard(run_id)
-                await self._finished(run_id)
-                if flow_run is not None:
-                    await self._settle_cancelling(flow_run, "and its process has exited")
+                await self._adopted_ended(run_id, flow_run, "and its process has exited")
+
+    async def _adopted_ended(self, run_id: str, flow_run: FlowRun | None, how: str) -> None:
+        """An adopted run's process is gone: its GPUs are free, and if it was
+        cancelled it ends Cancelled (`how` it ended, for the log)."""
+        self._adopted.discard(run_id)
+        await self._finished(run_id)
+        if flow_run is not None:
+            await self._settle_cancelling(flow_run, how)
 
     async def _watch_cancelling(self, now: float) -> None:
         """Running runs left `Cancelling` (adopted ones, or cancelled as they
@@ -422,9 +427,7 @@ class ElasticFlowWorker(ProcessWorker):
             self._logger.warning("flow run %s is Cancelling and did not stop when told: %s its process",
                                  run_id, step)
         elif step == "gone" and adopted:
-            self._adopted.discard(run_id)
-            await self._finished(run_id)
-            await self._settle_cancelling(flow_run, "and its process is gone")
+            await self._adopted_ended(run_id, flow_run, "and its process is gone")
 
     async def _forget_vanished(self, scheduled: set[str]) -> None:
         """Admitted runs waiting for GPUs that left the Scheduled state without us

@@ -197,7 +197,7 @@ def measure_start_cpu() -> dict[str, float]:
         # Prefect's default launcher before the engine: a workspace supervisor interpreter
         "prefect_supervisor_s": cpu_seconds([PY, "-c", "import prefect.runner._workspace_supervisor"]),
         # one DDP worker: torch, torch._dynamo (the first optimizer step needs it), the runtime
-        "standby_worker_s": cpu_seconds([PY, "-m", "flows.training.worker", "--standby"]),
+        "standby_worker_s": cpu_seconds([PY, "-m", "flows.training.rank", "--standby"]),
         # the user's command
         "prefect_cli_s": cpu_seconds([PY, "-m", "prefect", "--help"]),
     }
@@ -305,7 +305,7 @@ def main() -> int:
             from prefect.client.orchestration import get_client
             from prefect.client.schemas.actions import WorkPoolCreate
 
-            from scheduler_service.service.deployments import deploy, ensure_pool
+            from scheduler_service.stack.deployments import deploy, ensure_pool
             from scheduler_service.store import save_curve
 
             save_curve("mlp", 32, MLP_CURVE)
@@ -381,7 +381,7 @@ def main() -> int:
         finally:
             for process in reversed(procs):
                 stop(process)
-            from scheduler_service.service.stack import stop_processes_of
+            from scheduler_service.stack.local import stop_processes_of
 
             stop_processes_of(tmp / "home", grace_s=0.0)
 

@@ -114,14 +114,14 @@ class Stack:
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
     """Stop the worker and every flow process it started (its process group)."""
-    from scheduler_service.service.stack import stop_process
+    from scheduler_service.stack.local import stop_process
 
     stop_process(process)
 
 
 def _kill_processes_of(home: Path) -> None:
     """SIGKILL what a failed test may leave behind of the stack at `home`."""
-    from scheduler_service.service.stack import stop_processes_of
+    from scheduler_service.stack.local import stop_processes_of
 
     stop_processes_of(home, grace_s=0.0)
 
@@ -155,7 +155,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         from prefect.settings import PREFECT_API_URL
         from prefect.testing.utilities import prefect_test_harness
 
-        from scheduler_service.service.deployments import deploy, ensure_pool
+        from scheduler_service.stack.deployments import deploy, ensure_pool
         from scheduler_service.store import save_curve
 
         with prefect_test_harness(server_startup_timeout=60):

@@ -1,4 +1,4 @@
-"""Standby DDP worker processes: `python -m flows.training.worker --standby`
+"""Standby DDP worker processes: `python -m flows.training.rank --standby`
 processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
@@ -82,7 +82,7 @@ class WorkerPool:
         env[STANDBY_LOG_ENV] = log
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.training.worker", "--standby"],
+                [sys.executable, "-m", "flows.training.rank", "--standby"],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=fd,

@@ -37,7 +37,7 @@ def up(
     """Run the local stack in the foreground: Prefect server (SQLite), the `gpus`
     work pool, deployments train/<model> and pipeline/daily, the ElasticFlow
     worker. Ctrl-C stops it."""
-    from scheduler_service.service.stack import local_stack
+    from scheduler_service.stack.local import local_stack
 
     home = _home(home)
 
@@ -77,8 +77,8 @@ def demo(
     GPU change, each run's outcome, then stop. Exits 1 if an admitted run failed."""
     import tempfile
 
-    from scheduler_service.service.demo import run_demo
-    from scheduler_service.service.stack import free_port
+    from scheduler_service.stack.demo import run_demo
+    from scheduler_service.stack.local import free_port
 
     chosen = _home(home or Path(tempfile.mkdtemp(prefix="elasticflow-demo-")))
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))

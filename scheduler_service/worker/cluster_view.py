@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from scheduler_service.worker.cluster import Cluster
-from scheduler_service.worker.monitor import (
+from scheduler_service.worker.render import (
     AllocationSample,
     ClusterSnapshot,
     JobView,

@@ -22,7 +22,7 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class JobRecord(SQLModel, table=True):
+class RunRecord(SQLModel, table=True):
     __tablename__ = "ef_job"
 
     flow_run_id: str = Field(primary_key=True)
@@ -72,7 +72,7 @@ class ServiceStore:
 
     def upsert_job(self, flow_run_id: str, **fields: object) -> None:
         with Session(self.engine) as session:
-            row = session.get(JobRecord, flow_run_id) or JobRecord(flow_run_id=flow_run_id)
+            row = session.get(RunRecord, flow_run_id) or RunRecord(flow_run_id=flow_run_id)
             for key, value in fields.items():
                 setattr(row, key, value)
             row.updated_at = _now()
@@ -84,9 +84,9 @@ class ServiceStore:
             session.add(record)
             session.commit()
 
-    def jobs(self) -> list[JobRecord]:
+    def jobs(self) -> list[RunRecord]:
         with Session(self.engine) as session:
-            return list(session.exec(select(JobRecord).order_by(JobRecord.submitted_at)).all())
+            return list(session.exec(select(RunRecord).order_by(RunRecord.submitted_at)).all())
 
     def decisions(self, flow_run_id: str | None = None) -> list[DecisionRecord]:
         with Session(self.engine) as session:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from scheduler_service.worker.monitor import (
+from scheduler_service.worker.render import (
     AllocationSample,
     ClusterSnapshot,
     JobView,

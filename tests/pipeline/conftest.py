@@ -11,7 +11,7 @@ from tests.stack import POOL, Stack
 
 @pytest.fixture(scope="session")
 def pipeline_stack(stack: Stack) -> Stack:
-    from scheduler_service.service.deployments import deploy_pipeline
+    from scheduler_service.stack.deployments import deploy_pipeline
 
     deploy_pipeline(POOL)
     return stack

@@ -30,7 +30,7 @@ def postgres_url() -> Iterator[str]:
     bin_dir = _binaries()
     if bin_dir is None:
         pytest.skip("no PostgreSQL server binaries (Debian: apt-get install postgresql)")
-    from scheduler_service.service.stack import free_port
+    from scheduler_service.stack.local import free_port
 
     # PostgreSQL refuses to run as root: run it as the `postgres` account then,
     # in a folder that account can reach (pytest's tmp folders are root-only).

@@ -271,7 +271,7 @@ def test_a_run_that_ends_while_no_worker_watches_is_released_by_the_next_one(sta
     from sqlmodel import Session
 
     from scheduler_service.store.db import get_engine
-    from scheduler_service.worker.store import JobRecord
+    from scheduler_service.worker.store import RunRecord
 
     run_id = stack.submit(iterations=400, deadline="+10m", checkpoint_interval=500)
     _wait_training(stack, run_id)
@@ -282,4 +282,4 @@ def test_a_run_that_ends_while_no_worker_watches_is_released_by_the_next_one(sta
     stack.wait_worker_started()
     assert _allocations(stack, run_id)[-1] == ("release", "")
     with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
-        assert session.get(JobRecord, run_id).status == "finished"  # type: ignore[union-attr]
+        assert session.get(RunRecord, run_id).status == "finished"  # type: ignore[union-attr]

@@ -104,7 +104,7 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
             mp.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
             from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-            from scheduler_service.service.deployments import deploy, ensure_pool
+            from scheduler_service.stack.deployments import deploy, ensure_pool
             from scheduler_service.store import save_curve
 
             with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: base / "prefect"}):
@@ -125,7 +125,7 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
 
 
 def _wait_healthy(api_url: str, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> None:
-    from scheduler_service.service.stack import wait_healthy
+    from scheduler_service.stack.local import wait_healthy
 
     try:
         wait_healthy(api_url, server, timeout_s)

@@ -1,6 +1,6 @@
 """One DDP worker process: restore, train until told or done, checkpoint, exit.
 
-Run as `python -m flows.training.worker SEGMENT_DIR` with RANK, WORLD_SIZE,
+Run as `python -m flows.training.rank SEGMENT_DIR` with RANK, WORLD_SIZE,
 MASTER_PORT set by the launcher. Rank 0 polls the control channel; any rank
 that gets SIGTERM asks to stop. Both are folded into one all-reduce per
 iteration, together with the loss, so every rank stops at the same boundary.

@@ -169,7 +169,7 @@ class Demo:
 
 def run_demo(home: Path, port: int, console: Console) -> bool:
     """The demo; False if an admitted run failed or did not finish."""
-    from scheduler_service.service.stack import local_stack
+    from scheduler_service.stack.local import local_stack
     from scheduler_service.store import get_curve
 
     now = lambda: datetime.now(timezone.utc)  # noqa: E731

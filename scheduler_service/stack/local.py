@@ -149,7 +149,7 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     calling process gets PREFECT_API_URL etc. too, so it can submit runs."""
     import asyncio
 
-    from scheduler_service.service.deployments import MODELS, deploy, deploy_pipeline, ensure_pool
+    from scheduler_service.stack.deployments import MODELS, deploy, deploy_pipeline, ensure_pool
 
     settings = {**stack_env(home, port), **(env or {})}
     os.environ.update(settings)

@@ -6,30 +6,18 @@ and nothing is simulated from a half-read input.
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
-from typing import Iterator
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from scheduler_service.policy.jobs import Job, ThroughputCurve
-from scheduler_service.policy.topology import Topology
+# Cluster files are read by the worker too: their loader (and the shared error) live below both.
+from scheduler_service.inputfiles import InputError, load_cluster  # noqa: F401  (re-exported)
+from scheduler_service.inputfiles import csv_rows as _rows
 
 PAPER_COLUMNS = {"job_id", "submit_time", "model_name", "ddl", "batch_size", "num_gpu"}
 ITP_COLUMNS = {"job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size", "num_gpu"}
-
-
-class InputError(ValueError):
-    """Bad input file: the message is one line naming file, row and field."""
-
-    def __init__(self, path: Path | str, row: int | None, field: str | None, problem: str) -> None:
-        where = f"{path}"
-        if row is not None:
-            where += f", row {row}"
-        if field is not None:
-            where += f", field '{field}'"
-        super().__init__(f"{where}: {problem}")
 
 
 class TraceRow(BaseModel):
@@ -48,21 +36,6 @@ class TraceRow(BaseModel):
         if self.deadline is not None and self.deadline <= self.submit_time:
             raise ValueError("deadline must be after submit time")
         return self
-
-
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
-    try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            if reader.fieldnames is None:
-                raise InputError(path, None, None, "empty file")
-            yield 1, {name: name for name in reader.fieldnames}  # header, for column checks
-            for number, row in enumerate(reader, start=2):
-                yield number, row
-    except OSError as exc:
-        raise InputError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(path, None, None, "not a text CSV file") from None
 
 
 def load_throughputs(directory: Path) -> dict[tuple[str, int], ThroughputCurve]:
@@ -105,27 +78,6 @@ def load_throughputs(directory: Path) -> dict[tuple[str, int], ThroughputCurve]:
     if not curves:
         raise InputError(directory, None, None, "no throughput CSV files with positive values")
     return curves
-
-
-def load_cluster(path: Path) -> Topology:
-    path = Path(path)
-    rows = _rows(path)
-    _, header = next(rows)
-    for name in ("num_switch", "num_node_p_switch", "num_gpu_p_node"):
-        if name not in header:
-            raise InputError(path, 1, name, "missing column")
-    for number, row in rows:
-        values = {}
-        for name in ("num_switch", "num_node_p_switch", "num_gpu_p_node"):
-            try:
-                values[name] = int(row[name])
-            except (TypeError, ValueError):
-                raise InputError(path, number, name, f"not an integer: {row[name]!r}") from None
-        try:
-            return Topology(values["num_switch"], values["num_node_p_switch"], values["num_gpu_p_node"])
-        except ValueError as exc:
-            raise InputError(path, number, None, str(exc)) from None
-    raise InputError(path, None, None, "no cluster row")
 
 
 def _pick(row: dict[str, str], *names: str) -> tuple[str, str | None]:

@@ -1,8 +1,9 @@
 """The cluster the service schedules: a cluster file, or this machine.
 
 A cluster file has the shape of `data/clusters/*.csv` (`num_switch,
-num_node_p_switch, num_gpu_p_node, ...`) and is read with the simulator's
-`load_cluster`, so bad files fail with the same one-line message. Without one
+num_node_p_switch, num_gpu_p_node, ...`) and is read with the loader the
+simulator uses too (`scheduler_service.inputfiles`), so bad files fail with the
+same one-line message. Without one
 (`ELASTICFLOW_CLUSTER` unset and no `infra/cluster.csv`), the local machine is
 the cluster: one node with its CUDA devices, or, on a CPU-only machine,
 `ELASTICFLOW_CPU_SLOTS` worker slots (default: the CPU count), rounded down to
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler_service.policy.topology import Topology
-from scheduler_service.simulator.inputs import load_cluster
+from scheduler_service.inputfiles import load_cluster
 
 CLUSTER_ENV = "ELASTICFLOW_CLUSTER"
 CPU_SLOTS_ENV = "ELASTICFLOW_CPU_SLOTS"

@@ -18,6 +18,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
+from scheduler_service.markdown import markdown_table
+
 # The deadline-at-risk margin when none is given (the service passes its own,
 # ELASTICFLOW_AT_RISK_S): a projection within a minute of the deadline is one
 # slow slot away from missing it.
@@ -187,14 +189,15 @@ def gpu_map_markdown(snapshot: ClusterSnapshot) -> str:
     holders = _holders(snapshot)
     per_node = snapshot.gpus_per_node
     header = ["node"] + [f"GPU {i}" for i in range(per_node)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for index, node in enumerate(snapshot.nodes):
         cells = [_cell(node)]
         for local in range(per_node):
             gpu = index * per_node + local
             names = holders.get(gpu)
             cells.append(f"`{gpu}` " + (_cell(" + ".join(names)) if names else "·"))
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = [markdown_table(header, rows)]
     strays = sorted(g for g in holders if g >= snapshot.num_gpus)
     if strays:  # a job reports GPUs the topology does not have: show it rather than hide it
         lines.append("")
@@ -210,7 +213,7 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     # The outlook comes second: the Prefect UI shows wide tables in a narrow
     # column and scrolls the rest out of sight.
     header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs", "status", "model"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for job in sorted(snapshot.jobs, key=_order):
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
         cells = [
@@ -224,8 +227,8 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
             _cell(job.status),
             _cell(job.model),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:

@@ -1,4 +1,5 @@
-"""`elasticflow simulate` and `elasticflow compare`: run policies on a trace."""
+"""`elasticflow simulate`, `elasticflow compare` and `elasticflow diff`: run policies
+on a trace, and see job by job where one differs from a reference."""
 
 from __future__ import annotations
 
@@ -9,18 +10,23 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from scheduler_service.cli import app
 from scheduler_service.policy.registry import POLICIES
 from scheduler_service.simulator.experiment import Experiment, resolve
 from scheduler_service.simulator.inputs import InputError
+from scheduler_service.simulator.outcomes import (
+    line_up, read_jobs_csv, read_reference, reference_ratio, write_jobs_csv, write_lined_up,
+)
 from scheduler_service.simulator.report import results_table, write_json, write_plot
 
 console = Console(width=None if Console().is_terminal else 110)
 errors = Console(stderr=True)
 
 
-def run_experiment(experiment: Experiment, policies: list[str], json_out: Path | None, plot_out: Path | None) -> None:
+def run_experiment(experiment: Experiment, policies: list[str], json_out: Path | None, plot_out: Path | None,
+                   jobs_out: Path | None = None) -> None:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         errors.print(f"error: unknown policy {unknown[0]!r}; known: {', '.join(sorted(POLICIES))}")
@@ -52,6 +58,9 @@ def run_experiment(experiment: Experiment, policies: list[str], json_out: Path |
     if plot_out is not None:
         write_plot(plot_out, runs, results, title)
         console.print(f"wrote {plot_out}")
+    if jobs_out is not None:
+        write_jobs_csv(jobs_out, runs)
+        console.print(f"wrote {jobs_out}")
 
 
 @app.command()
@@ -63,10 +72,12 @@ def simulate(
     interval: float = typer.Option(60.0, help="Scheduling interval in seconds (the paper: 60; 240 for the 1000-job sweep)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {'results': [...]} here."),
     plot: Optional[Path] = typer.Option(None, help="Write a PNG of GPUs in use over time and deadline ratios."),
+    jobs_csv: Optional[Path] = typer.Option(
+        None, "--jobs-csv", help="Write one row per job and policy: decision, reason, MSS, start, finish, met."),
 ) -> None:
     """Replay a job trace against scheduling policies and compare deadline ratios."""
     experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"), interval)
-    run_experiment(experiment, policy, json_out, plot)
+    run_experiment(experiment, policy, json_out, plot, jobs_csv)
 
 
 @app.command()
@@ -76,3 +87,56 @@ def compare() -> None:
     experiment = Experiment(resolve("philly_103959", "traces"), resolve("n32g8", "clusters"), resolve("A100", "throughputs"), 60.0)
     run_experiment(experiment, ["elasticflow", "elasticflow-noadmit", "edf-admit", "edf"], None, None)
     sys.stdout.flush()
+
+
+@app.command()
+def diff(
+    ours: Path = typer.Argument(..., help="Per-job CSV from `elasticflow simulate --jobs-csv`."),
+    reference: Path = typer.Argument(..., help="Reference per-job CSV (job_id, decision, met), e.g. "
+                                               "data/reference/outcomes/dev102_n8g8.csv."),
+    policy: Optional[str] = typer.Option(None, help="Which policy of OURS (default: the first in the file)."),
+    out: Optional[Path] = typer.Option(None, help="Write every deadline job lined up, with its verdict, as CSV."),
+    show: int = typer.Option(10, min=0, help="Jobs to list for each side that only one of them met."),
+) -> None:
+    """Which deadline jobs one policy met and the reference did not, and why."""
+    try:
+        name, mine = read_jobs_csv(ours, policy)
+        ref = read_reference(reference)
+        comparison = line_up(name, mine, ref, str(reference))
+    except InputError as exc:
+        errors.print(f"error: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    n = comparison.deadline_jobs
+    ours_met = comparison.count("both met") + comparison.count("only ours met")
+    console.print(f"{name}: {ours_met}/{n} met ({ours_met / max(n, 1):.3f}); reference: "
+                  f"{reference_ratio(ref) * n:.0f}/{n} ({reference_ratio(ref):.3f})", highlight=False)
+    table = Table(title=f"{ours.name} vs {reference.name}, deadline jobs")
+    for column in ("", "reference met", "reference missed"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{name} met", str(comparison.count("both met")), str(comparison.count("only ours met")))
+    table.add_row(f"{name} missed", str(comparison.count("only the reference met")), str(comparison.count("neither met")))
+    console.print(table)
+    why = ", ".join(f"{k} {v}" for k, v in comparison.why_only_reference().most_common())
+    console.print(f"met only by the reference; ours: {why or '-'}", highlight=False)
+    why = ", ".join(f"{k} {v}" for k, v in comparison.why_only_ours().most_common())
+    console.print(f"met only by {name}; the reference: {why or '-'}", highlight=False)
+    for verdict in ("only the reference met", "only ours met"):
+        pairs = comparison.rows[verdict][:show]
+        if not pairs:
+            continue
+        jobs = Table(title=f"{verdict} (first {len(pairs)} of {comparison.count(verdict)})")
+        for column in ("job", "submit s", "window s", "model/batch", "ours", "MSS", "start s", "finish s", "reference"):
+            jobs.add_column(column, no_wrap=column != "ours")
+        for mine_row, ref_row in pairs:
+            window = float(mine_row["deadline"]) - float(mine_row["submit_time"])
+            decision = mine_row["decision"] + (f": {mine_row['reason']}" if mine_row["reason"] else "")
+            if mine_row["decision"] == "admitted":
+                decision += ", met" if mine_row["met"] == "1" else ", late"
+            ref_said = ref_row["decision"] + (", met" if ref_row["met"] == "1" else ", missed")
+            jobs.add_row(mine_row["job_id"], mine_row["submit_time"], f"{window:.0f}",
+                         f"{mine_row['model']}/{mine_row['batch_size']}", decision, mine_row["mss"],
+                         mine_row["start"], mine_row["finish"], ref_said)
+        console.print(jobs)
+    if out is not None:
+        write_lined_up(out, comparison)
+        console.print(f"wrote {out}")

@@ -33,6 +33,7 @@ class JobRecord:
     gpus: int = 0
     block: tuple[int, int] | None = None
     overhead_left: float = 0.0
+    start: float | None = None  # first tick with GPUs (its restart overhead follows)
     finish: float | None = None
     gpu_seconds: float = 0.0
     restarts: int = 0
@@ -106,6 +107,8 @@ def simulate(
                 record.gpus, record.block = gpus, block
                 record.overhead_left = overhead(gpus)
                 if gpus:
+                    if record.start is None:
+                        record.start = now
                     record.restarts += 1
                     record.peak_gpus = max(record.peak_gpus, gpus)
             in_use += gpus

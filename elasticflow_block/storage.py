@@ -2,7 +2,9 @@
 
 Worker processes import this module directly: Prefect adds seconds to every
 worker start, and a worker only needs bytes in and bytes out. The Prefect block
-in `elasticflow_block.block` is a thin configuration wrapper around it.
+in `elasticflow_block.block` is a thin configuration wrapper around it. Torch is
+imported only when a checkpoint is saved or loaded: the package is imported by
+the store, the worker and pipelines, which never touch a payload.
 
 Layout under the root URL, one folder per training run (the flow run id)::
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import re
 import time
 import uuid
@@ -27,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-import torch
 
 log = logging.getLogger("elasticflow.checkpoint")
 
@@ -54,6 +56,21 @@ def default_root() -> str:
     from elasticflow_block.home import elasticflow_home
 
     return str(elasticflow_home() / "checkpoints")
+
+
+def resolve_checkpoint_url(value: str | None) -> str:
+    """A URL/path as is; otherwise the name of a saved `CheckpointStore` block.
+
+    Here rather than in the training runtime because the pipeline task finds a
+    finished run's checkpoint the same way, and must not import the runtime.
+    """
+    if not value:
+        return default_root()
+    if "://" in value or value.startswith(("/", ".", "~")) or os.sep in value:
+        return os.path.expanduser(value)
+    from elasticflow_block.block import CheckpointStore
+
+    return CheckpointStore.load(value).url  # type: ignore[union-attr]
 
 
 class _HashingWriter:
@@ -113,6 +130,8 @@ class CheckpointStorage:
         data_path, sum_path = self._paths(run_key, iteration)
         self.fs.makedirs(self._dir(run_key), exist_ok=True)
         tmp = self._tmp(data_path)
+        import torch
+
         with self.fs.open(tmp, "wb") as fh:
             writer = _HashingWriter(fh)
             torch.save(state, writer)
@@ -134,6 +153,8 @@ class CheckpointStorage:
             expected = fh.read().decode().strip()
         if hashlib.sha256(payload).hexdigest() != expected:
             raise CheckpointCorrupt(f"{data_path}: checksum mismatch")
+        import torch
+
         try:
             state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
         except Exception as exc:  # a matching digest over a bad pickle: still corrupt

@@ -74,12 +74,9 @@ def profile_throughput(
     curve: dict[int, float] = {}
     try:
         for count in sorted(set(gpu_counts)):
-            spec = SegmentSpec(
+            spec = SegmentSpec.of_run(
+                params,
                 run_key=f"profile-{uuid.uuid4().hex[:12]}",
-                model=params.model,
-                model_kwargs=params.model_kwargs,
-                dataset=params.dataset,  # type: ignore[arg-type]
-                hyperparameters=params.hyperparameters,
                 total_iterations=iterations,
                 stop_at=iterations,
                 checkpoint_interval=iterations + 1,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from elasticflow_block.storage import CheckpointStorage, default_root
+from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
 from flows.training.control import ControlAck, FileControlChannel, default_control_root
 from flows.training.datasets import load_dataset
 from flows.training.launcher import POOL, ProgressCallback, Segment, prune_segment_dirs
@@ -131,17 +131,6 @@ def default_device(requested: str) -> Literal["cpu", "cuda"]:
     return "cuda" if requested == "cuda" else "cpu"
 
 
-def resolve_checkpoint_url(value: str | None) -> str:
-    """A URL/path as is; otherwise the name of a saved `CheckpointStore` block."""
-    if not value:
-        return default_root()
-    if "://" in value or value.startswith(("/", ".", "~")) or os.sep in value:
-        return os.path.expanduser(value)
-    from elasticflow_block.block import CheckpointStore
-
-    return CheckpointStore.load(value).url  # type: ignore[union-attr]
-
-
 def run_training(
     params: TrainParameters,
     run_key: str,
@@ -224,17 +213,12 @@ def run_training(
             planned, next_switch = params.planned_gpus(iteration)
             gpus = override if override is not None else planned
             stop_at = total if override is not None or next_switch is None else next_switch
-            spec = SegmentSpec(
+            spec = SegmentSpec.of_run(
+                params,
                 run_key=run_key,
-                model=params.model,
-                model_kwargs=params.model_kwargs,
-                dataset=params.dataset,  # type: ignore[arg-type]
-                hyperparameters=params.hyperparameters,
                 total_iterations=total,
                 stop_at=stop_at,
-                checkpoint_interval=params.checkpoint_interval,
                 checkpoint_url=checkpoint_url,
-                keep_checkpoints=params.keep_checkpoints,
                 device=device,
                 control_dir=str(control_root),
                 applied_seq=applied_seq,

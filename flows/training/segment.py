@@ -4,12 +4,15 @@ torch and no Prefect, so both sides import it cheaply."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from flows.training.datasets import DatasetSpec
 from flows.training.params import Hyperparameters
+
+if TYPE_CHECKING:
+    from flows.training.params import TrainParameters
 
 StopReason = Literal["completed", "target", "stopped", "terminated", "crashed"]
 
@@ -32,6 +35,21 @@ class SegmentSpec(BaseModel):
     applied_seq: int = 0
     save_at_end: bool = True
     init_timeout_s: float = 120.0
+
+    @classmethod
+    def of_run(cls, params: TrainParameters, **segment: Any) -> SegmentSpec:
+        """A segment of the run `params` describes: what to train comes from the
+        run (the training loop and the profiler must not disagree on it), where
+        it stops and where it checkpoints from `segment`."""
+        run = dict(
+            model=params.model,
+            model_kwargs=params.model_kwargs,
+            dataset=params.dataset,
+            hyperparameters=params.hyperparameters,
+            checkpoint_interval=params.checkpoint_interval,
+            keep_checkpoints=params.keep_checkpoints,
+        )
+        return cls(**(run | segment))
 
 
 class SegmentTimings(BaseModel):

@@ -105,7 +105,7 @@ def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Pat
     } <= names
 
     status = FileControlChannel(flow_run_id, tmp_path / "control").status()
-    assert status is not None and status["iteration"] == 40
+    assert status is not None and status.iteration == 40
 
 
 def test_bad_parameters_fail_the_flow_before_training(prefect_server: None, tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_progress_never_fails_training_without_an_api(monkeypatch: pytest.Monkey
 
 def test_a_saved_checkpoint_store_block_is_found_by_name(prefect_server: None, tmp_path: Path) -> None:
     from elasticflow_block import CheckpointStore
-    from flows.training.runtime import resolve_checkpoint_url
+    from elasticflow_block.storage import resolve_checkpoint_url
 
     CheckpointStore(url=str(tmp_path / "store"), keep=2).save("runtime-test-store", overwrite=True)
     assert resolve_checkpoint_url("runtime-test-store") == str(tmp_path / "store")

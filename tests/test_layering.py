@@ -1,0 +1,55 @@
+"""Which layer may import what, checked after a real import in a fresh interpreter.
+
+The store, the scheduling core and the pipeline's deadline logic are imported
+by the worker, the CLI and users' pipelines: pulling torch in costs seconds on
+every start (issue 11). The policy is pure: no Prefect, no database.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NO_TORCH = ["scheduler_service.store", "scheduler_service.policy", "elasticflow_block", "elasticflow_block.deadline"]
+PURE = {"scheduler_service.policy": ["prefect", "sqlmodel", "sqlalchemy"]}
+
+
+def _imported(module: str) -> set[str]:
+    code = f"import json, sys, {module}; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
+
+
+@pytest.mark.parametrize("module", NO_TORCH)
+def test_imports_no_torch(module: str) -> None:
+    assert "torch" not in _imported(module)
+
+
+@pytest.mark.parametrize("module,forbidden", sorted(PURE.items()))
+def test_policy_is_pure(module: str, forbidden: list[str]) -> None:
+    assert not set(forbidden) & _imported(module)
+
+
+def _imports_of(package: Path) -> set[str]:
+    """Top-level packages named by any import in the package, lazy ones included."""
+    found: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="elasticflow_block/pipeline.py still imports flows.training (issue 11)")
+def test_elasticflow_block_does_not_import_flows() -> None:
+    """`flows` builds on `elasticflow_block` (storage, home, the block), never the reverse."""
+    assert "flows" not in _imports_of(ROOT / "elasticflow_block")

@@ -1,0 +1,249 @@
+"""Sweep benchmark: how the deadline ratio falls with load, per cluster size and
+policy, beside the LP bound; and the reference traces beside the authors'
+simulator's own per-job outcomes.
+
+Generated traces (`elasticflow trace` statistics, the reference traces'
+models) for every seed x offered load x cluster size, plus the traces of
+data/reference/ on the cluster each was measured on. Per policy: deadline
+ratio and admitted jobs that missed; per trace: the LP bound. Policies:
+elasticflow, edf, and elasticflow-overload when it is registered. Figures are
+printed and written to docs/evaluation/sweep.{json,png}; both cores are used.
+
+Run: .venv/bin/python bench/sweep.py            (a few minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import tempfile
+import time
+from functools import lru_cache
+from multiprocessing import Pool
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler_service.simulator.experiment import data_dir  # noqa: E402
+
+SIZES = ("n4g8", "n8g8", "n16g8")
+LOADS = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # offered GPU-time at the requested counts / the cluster's
+SEEDS = tuple(range(1, 11))  # the heavy duration tail makes one seed's ratio noisy
+JOBS = 500
+MODELS = "bert,deepspeech2,gpt2,inception3,resnet50,vgg16"  # those the reference traces use
+INTERVAL = 60.0
+WANTED = ("elasticflow", "elasticflow-overload", "edf")
+
+
+def policies() -> list[str]:
+    """The sweep's policies that are registered now (the overload one may not be yet)."""
+    from scheduler_service.policy.registry import POLICIES
+
+    return [p for p in WANTED if p in POLICIES]
+
+
+def reference_cases() -> list[tuple[str, str]]:
+    """(trace, cluster) of every reference outcome file, e.g. ('dev102', 'n8g8')."""
+    folder = data_dir() / "reference" / "outcomes"
+    return [tuple(p.stem.split("_", 1)) for p in sorted(folder.glob("*.csv"))]  # type: ignore[misc]
+
+
+def _gpus(cluster: str) -> int:
+    from scheduler_service.simulator.inputs import load_cluster
+
+    return load_cluster(data_dir() / "clusters" / f"{cluster}.csv").num_gpus
+
+
+@lru_cache(maxsize=None)
+def _mean_gap(load: float, cluster: str) -> float:
+    from scheduler_service.simulator.inputs import load_throughputs
+    from scheduler_service.simulator.tracegen import TraceSpec, mean_gap_for
+
+    curves = load_throughputs(data_dir() / "throughputs" / "A100")
+    return mean_gap_for(load, _gpus(cluster), TraceSpec(models=tuple(MODELS.split(","))), curves)
+
+
+def _trace_file(task: dict) -> Path:
+    """The task's trace: a reference file, or a generated one written to a temporary file."""
+    if task["kind"] == "reference":
+        return data_dir() / "reference" / "traces" / f"{task['trace']}.csv"
+    from scheduler_service.simulator.inputs import load_throughputs
+    from scheduler_service.simulator.tracegen import TraceSpec, generate, trace_csv
+
+    curves = load_throughputs(data_dir() / "throughputs" / "A100")
+    # The same seed at every load: the same jobs, arriving closer together, so a
+    # seed's curve over load is not blurred by drawing new jobs at each point.
+    spec = TraceSpec(jobs=JOBS, mean_gap_s=_mean_gap(task["load"], task["cluster"]),
+                     models=tuple(MODELS.split(",")), seed=task["seed"])
+    path = Path(tempfile.mkdtemp(prefix="sweep-")) / f"{task['trace']}.csv"
+    path.write_text(trace_csv(generate(spec, curves)))
+    return path
+
+
+def run_task(task: dict) -> dict:
+    from scheduler_service.policy.registry import make_policy
+    from scheduler_service.simulator.bound import deadline_ratio_bound
+    from scheduler_service.simulator.engine import simulate
+    from scheduler_service.simulator.inputs import load_cluster, load_throughputs, load_trace
+    from scheduler_service.simulator.metrics import summarize
+    from scheduler_service.simulator.outcomes import job_rows, line_up, read_reference
+    from scheduler_service.simulator.tracegen import offered_load
+
+    started = time.perf_counter()
+    path = _trace_file(task)
+    jobs = load_trace(path, load_throughputs(data_dir() / "throughputs" / "A100"))
+    topology = load_cluster(data_dir() / "clusters" / f"{task['cluster']}.csv")
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    out = dict(task, load_measured=offered_load(rows, topology.num_gpus))
+    if task["policy"] == "bound":
+        out["ratio"] = deadline_ratio_bound(jobs, topology).bound
+    else:
+        run = simulate(jobs, make_policy(task["policy"], topology, INTERVAL))
+        result = summarize(run)
+        out.update(ratio=result.deadline_ratio, admitted_missed=result.admitted_missed, rejected=result.rejected)
+        if task["kind"] == "reference":
+            ref_file = data_dir() / "reference" / "outcomes" / f"{task['trace']}_{task['cluster']}.csv"
+            ours = {r["job_id"]: r for r in job_rows(run)}
+            comparison = line_up(task["policy"], ours, read_reference(ref_file), str(ref_file))
+            out.update(only_ours=comparison.count("only ours met"),
+                       only_reference=comparison.count("only the reference met"))
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def tasks(seeds: tuple[int, ...]) -> list[dict]:
+    names = policies() + ["bound"]
+    out = []
+    for trace, cluster in reference_cases():
+        out += [{"kind": "reference", "trace": trace, "cluster": cluster, "policy": p} for p in names]
+    for cluster in SIZES:
+        for load in LOADS:
+            for seed in seeds:
+                trace = f"gen-{cluster}-load{load:g}-seed{seed}"
+                out += [{"kind": "generated", "trace": trace, "cluster": cluster, "load": load, "seed": seed,
+                         "policy": p} for p in names]
+    return out
+
+
+def reference_ratio(trace: str, cluster: str) -> float:
+    from scheduler_service.simulator.outcomes import read_reference, reference_ratio as ratio
+
+    return ratio(read_reference(data_dir() / "reference" / "outcomes" / f"{trace}_{cluster}.csv"))
+
+
+def summarize_generated(results: list[dict]) -> list[dict]:
+    """One row per cluster size, load and policy: mean, min and max ratio over seeds."""
+    rows = []
+    for cluster in SIZES:
+        for load in LOADS:
+            for policy in policies() + ["bound"]:
+                runs = [r for r in results if r["kind"] == "generated" and r["cluster"] == cluster
+                        and r["load"] == load and r["policy"] == policy]
+                if not runs:
+                    continue
+                ratios = [r["ratio"] for r in runs]
+                rows.append({"cluster": cluster, "load": load, "policy": policy, "ratio": statistics.mean(ratios),
+                             "min": min(ratios), "max": max(ratios),
+                             "admitted_missed": sum(r.get("admitted_missed", 0) for r in runs),
+                             "load_measured": statistics.mean(r["load_measured"] for r in runs)})
+    return rows
+
+
+def plot(summary: list[dict], results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SIZES), figsize=(5 * len(SIZES), 4.2), sharey=True)
+    for ax, cluster in zip(axes, SIZES):
+        for i, policy in enumerate(policies() + ["bound"]):
+            rows = [r for r in summary if r["cluster"] == cluster and r["policy"] == policy]
+            xs = [r["load"] for r in rows]
+            style = {"color": "black", "linestyle": "--", "label": "LP bound"} if policy == "bound" else \
+                {"color": f"C{i}", "marker": "o", "label": policy}
+            ax.plot(xs, [r["ratio"] for r in rows], **style)
+            if policy != "bound":
+                ax.fill_between(xs, [r["min"] for r in rows], [r["max"] for r in rows], color=f"C{i}", alpha=0.15)
+        refs = [r for r in results if r["kind"] == "reference" and r["cluster"] == cluster and r["policy"] == "elasticflow"]
+        for k, r in enumerate(refs):
+            ax.plot(r["load_measured"], reference_ratio(r["trace"], cluster), "kx", markersize=8,
+                    label="authors' simulator (reference traces)" if k == 0 else None)
+            ax.plot(r["load_measured"], r["ratio"], "*", color="C0", markersize=10,
+                    label="elasticflow (reference traces)" if k == 0 else None)
+            ax.annotate(r["trace"], (r["load_measured"], r["ratio"]), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
+        ax.set_title(f"{cluster} ({_gpus(cluster)} GPUs), {JOBS} jobs, {len(SEEDS)} seeds")
+        ax.set_xlabel("offered load (GPU-time asked at requested counts / cluster)")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("deadline satisfactory ratio")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("docs/evaluation"))
+    parser.add_argument("--seeds", type=int, default=len(SEEDS), help="how many of the seeds to run")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    todo = tasks(SEEDS[:args.seeds])
+    # Bounds and the overloaded cases take longest: start them first so both workers end together.
+    todo.sort(key=lambda t: (t["policy"] != "bound", -t.get("load", 5)))
+    print(f"sweep: {len(todo)} runs ({', '.join(policies())} and the LP bound) on {args.workers} workers", flush=True)
+    results = []
+    with Pool(args.workers) as pool:
+        for k, r in enumerate(pool.imap_unordered(run_task, todo), start=1):
+            results.append(r)
+            print(f"[{k:3d}/{len(todo)}] {r['trace']:26s} {r['cluster']:6s} {r['policy']:21s} "
+                  f"{r['ratio']:.3f}  ({r['wall_s']:.1f} s)", flush=True)
+    summary = summarize_generated(results)
+    names = policies()
+
+    print(f"\nGenerated traces: mean deadline ratio over {args.seeds} seeds (min-max), admitted misses in brackets")
+    print(f"{'cluster':7s} {'load':>4s} " + " ".join(f"{p:>24s}" for p in names) + f" {'bound':>6s}")
+    for cluster in SIZES:
+        for load in LOADS:
+            cells = {r["policy"]: r for r in summary if r["cluster"] == cluster and r["load"] == load}
+            line = " ".join(f"{cells[p]['ratio']:.3f} ({cells[p]['min']:.2f}-{cells[p]['max']:.2f}) [{cells[p]['admitted_missed']:>3d}]"
+                            .rjust(24) for p in names)
+            print(f"{cluster:7s} {load:4g} {line} {cells['bound']['ratio']:6.3f}")
+
+    print("\nReference traces: the authors' simulator beside ours; [admitted misses]; "
+          "only ref / only ours = jobs met by one side alone")
+    refs = {(r["trace"], r["cluster"], r["policy"]): r for r in results if r["kind"] == "reference"}
+    reference_rows = []
+    for trace, cluster in reference_cases():
+        ref = reference_ratio(trace, cluster)
+        row = {"trace": trace, "cluster": cluster, "reference": ref, "bound": refs[(trace, cluster, "bound")]["ratio"],
+               "load": refs[(trace, cluster, "bound")]["load_measured"]}
+        cells = []
+        for p in names:
+            r = refs[(trace, cluster, p)]
+            row[p] = {k: r[k] for k in ("ratio", "admitted_missed", "rejected", "only_ours", "only_reference")}
+            cells.append(f"{p} {r['ratio']:.3f} [{r['admitted_missed']}] (only ref {r['only_reference']}, "
+                         f"only ours {r['only_ours']})")
+        reference_rows.append(row)
+        print(f"{trace} {cluster:5s} load {row['load']:.2f}  reference {ref:.3f} | " + " | ".join(cells)
+              + f" | bound {row['bound']:.3f}")
+    wall = time.perf_counter() - started
+    print(f"\nwall time {wall:.0f} s on {args.workers} workers")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.json").write_text(json.dumps(
+        {"policies": names, "jobs": JOBS, "seeds": list(SEEDS[:args.seeds]), "interval_s": INTERVAL,
+         "generated": summary, "reference": reference_rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
+    plot(summary, results, args.out / "sweep.png")
+    print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,9 @@
-"""Deployments `train/<model>` of the `train` flow on an `elasticflow` work pool.
+"""Deployments `train/<model>` of the `train` flow and `pipeline/daily` on an
+`elasticflow` work pool, as `prefect.yaml` declares them.
 
-Users name a model, its hyperparameters and a deadline; never a GPU count:
+`prefect --no-prompt deploy --all` reads that file; `elasticflow up` deploys the
+same definitions from Python (here), so there is one source of truth. Users
+name a model, its hyperparameters and a deadline; never a GPU count:
 
     prefect deployment run train/mlp --param iterations=200 --param deadline=+10m
 """
@@ -8,12 +11,36 @@ Users name a model, its hyperparameters and a deadline; never a GPU count:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PREFECT_YAML = PROJECT_ROOT / "prefect.yaml"
 ENTRYPOINT = "flows/train.py:train"
-MODELS = ("resnet", "vgg", "transformer", "mlp")
+PIPELINE_ENTRYPOINT = "flows/pipeline.py:daily_pipeline"
+
+
+@cache
+def definitions() -> tuple[dict[str, Any], ...]:
+    """The `deployments:` of prefect.yaml, YAML anchors resolved."""
+    with PREFECT_YAML.open() as fh:
+        return tuple(yaml.safe_load(fh)["deployments"])
+
+
+def _train_definitions() -> dict[str, dict[str, Any]]:
+    return {d["parameters"]["model"]: d for d in definitions() if d["entrypoint"] == ENTRYPOINT}
+
+
+def _pipeline_definition() -> dict[str, Any]:
+    return next(d for d in definitions() if d["entrypoint"] == PIPELINE_ENTRYPOINT)
+
+
+MODELS = tuple(_train_definitions())
+PIPELINE_CRON = _pipeline_definition()["schedules"][0]["cron"]
+PIPELINE_SLA = _pipeline_definition()["parameters"]["sla"]
 
 
 async def ensure_pool(name: str) -> None:
@@ -35,24 +62,24 @@ async def ensure_pool(name: str) -> None:
 
 
 def deploy(pool: str, models: Iterable[str] = MODELS, parameters: dict[str, Any] | None = None) -> dict[str, str]:
-    """Deploy `train/<model>` for each model; returns deployment name -> id."""
+    """Deploy `train/<model>` for each model on `pool`; returns deployment name -> id.
+
+    A model prefect.yaml does not name (a user's own) is deployed like the others.
+    """
     from prefect import flow
 
+    known = _train_definitions()
     ids: dict[str, str] = {}
     for model in models:
+        spec = known.get(model) or next(iter(known.values()))
         train = flow.from_source(source=str(PROJECT_ROOT), entrypoint=ENTRYPOINT)
         deployment_id = train.deploy(  # type: ignore[union-attr]
-            name=model, work_pool_name=pool, parameters={"model": model, **(parameters or {})},
-            description=f"Train {model}: give iterations or epochs, hyperparameters and a deadline, never GPUs.",
+            name=model, work_pool_name=pool, parameters={**spec["parameters"], "model": model, **(parameters or {})},
+            job_variables=spec["work_pool"].get("job_variables"), description=spec["description"],
             print_next_steps=False, ignore_warnings=True,
         )
         ids[f"train/{model}"] = str(deployment_id)
     return ids
-
-
-PIPELINE_ENTRYPOINT = "flows/pipeline.py:daily_pipeline"
-PIPELINE_CRON = "0 1 * * *"  # 01:00 UTC: five hours before the default SLA
-PIPELINE_SLA = "06:00Z"  # a time of day: each run's registered model is due at the next 06:00 UTC
 
 
 def deploy_pipeline(
@@ -67,14 +94,16 @@ def deploy_pipeline(
     `train/<model>` run it submits.
     """
     from prefect import flow
+    from prefect.events import DeploymentEventTrigger
     from prefect.schedules import Cron
 
+    spec = _pipeline_definition()
     pipeline = flow.from_source(source=str(PROJECT_ROOT), entrypoint=PIPELINE_ENTRYPOINT)
     deployment_id = pipeline.deploy(  # type: ignore[union-attr]
-        name="daily", work_pool_name=pool, parameters={"sla": sla},
+        name=spec["name"], work_pool_name=pool, parameters={**spec["parameters"], "sla": sla},
+        job_variables=spec["work_pool"].get("job_variables"), description=spec["description"],
         schedule=Cron(cron, timezone=timezone), paused=paused,
-        description=(f"Example ML pipeline (prepare -> train -> evaluate -> register) due daily at {sla}; "
-                     "training's deadline is derived from that SLA. See docs/pipelines.md."),
+        triggers=[DeploymentEventTrigger(**trigger) for trigger in spec.get("triggers", [])],
         print_next_steps=False, ignore_warnings=True,
     )
     return str(deployment_id)

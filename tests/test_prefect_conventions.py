@@ -1,0 +1,51 @@
+"""What a Prefect user expects of the project: `prefect deploy --all` reads
+prefect.yaml, and the CheckpointStore block is in the server's catalogue
+before anyone saves one (issue 11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _prefect_yaml() -> list[dict]:
+    """The deployments as `prefect deploy` loads them (its own loader and model)."""
+    from prefect.cli.deploy._config import _load_deploy_configs_and_actions
+    from rich.console import Console
+
+    configs, _ = _load_deploy_configs_and_actions(ROOT / "prefect.yaml", console=Console(quiet=True))
+    return configs
+
+
+def test_prefect_yaml_declares_train_per_model_and_the_daily_pipeline() -> None:
+    from scheduler_service.stack.deployments import MODELS
+
+    configs = _prefect_yaml()
+    trains = [c for c in configs if c["entrypoint"] == "flows/train.py:train"]
+    assert sorted(c["name"] for c in trains) == sorted(MODELS)
+    assert all(c["parameters"] == {"model": c["name"]} and c["work_pool"]["name"] == "gpus" for c in trains)
+    (daily,) = [c for c in configs if c["name"] == "daily"]
+    assert daily["entrypoint"] == "flows/pipeline.py:daily_pipeline" and daily["work_pool"]["name"] == "gpus"
+
+
+def test_the_example_trigger_is_a_valid_deployment_trigger_on_the_at_risk_event() -> None:
+    from prefect.events.schemas.deployment_triggers import DeploymentTriggerTypes
+    from pydantic import TypeAdapter
+
+    (daily,) = [c for c in _prefect_yaml() if c["name"] == "daily"]
+    (trigger,) = [TypeAdapter(DeploymentTriggerTypes).validate_python(t) for t in daily["triggers"]]
+    assert trigger.expect == {"elasticflow.deadline.at-risk"} and not trigger.enabled
+
+
+@pytest.mark.slow
+def test_the_checkpoint_store_block_is_registered_through_the_entry_point(prefect_api: str) -> None:
+    """The server imports the `prefect.collections` entry points at start-up
+    and registers every block class they define."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        block_type = client.read_block_type_by_slug("elasticflow-checkpoint-store")
+    assert block_type.name == "ElasticFlow Checkpoint Store"

@@ -1,7 +1,8 @@
 """Simulator benchmark: deadline ratios against the paper's reference figures,
 and wall time of the ElasticFlow simulation.
 
-Prints one line per trace, then a JSON summary as the last line. Ratios are
+Prints one line per trace, issue 13's targets (met or not; elasticflow-overload
+is run and checked once it is registered), then a JSON summary as the last line. Ratios are
 measured against (a) the reference figures of data/README.md (the authors'
 simulator on the same files) and (b) EDF measured in this same run.
 Run: .venv/bin/python bench/simulate.py
@@ -16,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scheduler_service.policy.registry import POLICIES  # noqa: E402
 from scheduler_service.simulator.experiment import Experiment, data_dir  # noqa: E402
 
 # trace, cluster, GPU kind, interval, the authors' ElasticFlow ratio (data/README.md)
@@ -26,17 +28,26 @@ CASES = [
     ("1000job_1500lam", "n8g8", "A100", 240.0, 0.933),
     ("itp/cluster10", "n16g8", "A100", 60.0, 0.973),
     ("itp/cluster06", "n16g8", "A100", 60.0, 0.568),
+    ("itp/cluster04", "n16g8", "A100", 60.0, 0.194),  # the overloaded ITP clusters (issue 13)
+    ("itp/cluster07", "n16g8", "A100", 60.0, 0.381),
 ]
+# Issue 13's targets for elasticflow-overload: a floor on the overloaded cases, and at most
+# 0.01 below elasticflow on the light ones.
+OVERLOAD_FLOOR = {"itp/cluster04": 0.48, "itp/cluster07": 0.53}
+LIGHT = ("philly_103959", "100jobs_1500lam", "itp/cluster10")
 AUTHORS_PHILLY_WALL_S = 13.5  # the authors' simulator, ElasticFlow on philly_103959 (data/README.md)
 
 
 def main() -> None:
     data = data_dir()
     summary = {}
+    overload = "elasticflow-overload" in POLICIES
+    targets = []
     for trace, cluster, gpu, interval, reference in CASES:
         exp = Experiment(data / "traces" / f"{trace}.csv", data / "clusters" / f"{cluster}.csv",
                          data / "throughputs" / gpu, interval)
-        _, (ef, edf) = exp.run(["elasticflow", "edf"])
+        _, results = exp.run(["elasticflow", "edf"] + (["elasticflow-overload"] if overload else []))
+        ef, edf = results[0], results[1]
         summary[trace] = {
             "elasticflow": round(ef.deadline_ratio, 3), "reference": reference,
             "vs_reference": round(ef.deadline_ratio / reference, 3),
@@ -44,9 +55,23 @@ def main() -> None:
             "vs_edf": round(ef.deadline_ratio / max(edf.deadline_ratio, 1e-9), 2),
             "admitted_missed": ef.admitted_missed, "wall_s": round(ef.wall_s, 3),
         }
-        print(f"{trace:18s} {cluster:6s} elasticflow {ef.deadline_ratio:.3f} (reference {reference:.3f}, "
-              f"x{ef.deadline_ratio / reference:.3f})  edf {edf.deadline_ratio:.3f}  "
-              f"admitted missed {ef.admitted_missed}  wall {ef.wall_s:.2f}s", flush=True)
+        line = (f"{trace:18s} {cluster:6s} elasticflow {ef.deadline_ratio:.3f} (reference {reference:.3f}, "
+                f"x{ef.deadline_ratio / reference:.3f})  edf {edf.deadline_ratio:.3f}  "
+                f"admitted missed {ef.admitted_missed}  wall {ef.wall_s:.2f}s")
+        ok = ef.deadline_ratio >= reference - 1e-9 and ef.admitted_missed == 0
+        targets.append(f"  {trace}: elasticflow {ef.deadline_ratio:.3f} >= reference {reference:.3f}, "
+                       f"0 admitted misses: {'yes' if ok else 'NO'}")
+        if overload:
+            ov = results[2]
+            summary[trace].update(overload=round(ov.deadline_ratio, 3), overload_admitted_missed=ov.admitted_missed)
+            line += f"  | overload {ov.deadline_ratio:.3f} (admitted missed {ov.admitted_missed})"
+            floor = OVERLOAD_FLOOR.get(trace, ef.deadline_ratio - 0.01 if trace in LIGHT else None)
+            if floor is not None:
+                ok = ov.deadline_ratio >= floor - 1e-9 and ov.admitted_missed == 0
+                targets.append(f"  {trace}: elasticflow-overload {ov.deadline_ratio:.3f} >= {floor:.3f}, "
+                               f"0 admitted misses: {'yes' if ok else 'NO'}")
+        print(line, flush=True)
+    print("Targets (issue 13):\n" + "\n".join(targets), flush=True)
 
     exp = Experiment(data / "traces" / "philly_103959.csv", data / "clusters" / "n32g8.csv",
                      data / "throughputs" / "A100", 60.0)

@@ -26,3 +26,17 @@ def test_quick_reproduce_writes_every_policy_the_bound_and_the_plots(tmp_path):
     for name in ("deadline_ratios.png", "cluster_size.png"):
         assert (tmp_path / name).stat().st_size > 5_000
     assert "ElasticFlow" in result.output and "best baseline" in result.output
+
+
+def test_itp_clusters_are_compared_with_the_paper_at_the_paper_sizes_and_with_the_authors_at_128_gpus():
+    from scheduler_service.simulator.reproduce import ITP_REFERENCE, comparison_cases
+
+    cases = {(c.trace, c.cluster): c for c in comparison_cases() if c.group.startswith("itp")}
+    sizes = {"n64g8": (1, 2, 3, 5, 6), "n128g8": (4, 7, 8, 9), "n32g8": (10,)}
+    for cluster, numbers in sizes.items():
+        for i in numbers:
+            case = cases[(f"itp/cluster{i:02d}", cluster)]
+            assert case.group == "itp" and case.references["elasticflow"] == ITP_REFERENCE[i - 1]
+    overloaded = {i: cases[(f"itp/cluster{i:02d}", "n16g8")].references.get("elasticflow") for i in range(1, 11)}
+    assert overloaded[4] == 0.194 and overloaded[7] == 0.381  # the authors' simulator, not the paper's plot
+    assert all(overloaded[i] not in ITP_REFERENCE for i in range(1, 11) if overloaded[i] is not None)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import stack  # noqa: F401  (one real Prefect stack per test process, for every folder)
+# One real Prefect server (and stack) per test process, for every folder: tests/stack.py.
+from tests.stack import prefect_api, stack  # noqa: F401
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

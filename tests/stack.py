@@ -1,17 +1,25 @@
-"""A real Prefect server (the test harness), an `elasticflow` work pool with the
-`train/mlp` deployment, and the worker started by `prefect worker start` as a
-separate process, as a user would run it. One stack per xdist worker, shared
-by every test that asks for `stack` (registered in tests/conftest.py)."""
+"""The one way the suite runs Prefect: `prefect_server` starts a real
+`prefect server start` (UI optional), and `stack_on` adds to one an
+`elasticflow` work pool with the `train/mlp` deployment and the worker started
+by `prefect worker start` as a separate process, as a user would run them.
+
+Fixtures, registered in tests/conftest.py: `prefect_api` (the server, for
+tests that only need one) and `stack` (the pool, deployment and worker on that
+same server), one of each per xdist worker. The UI test starts its own server with
+the UI on, through the same `prefect_server`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,26 +81,17 @@ class Stack:
         raise AssertionError(f"flow run {run_id} not final after {timeout_s} s: {run.state!r}\n{self.log_tail()}")
 
     def wait_until(self, predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> Any:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}\n{self.log_tail()}")
+        try:
+            return wait_until(predicate, timeout_s, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
 
     def events(self, run_id: str, prefix: str = "elasticflow.", timeout_s: float = 20.0) -> list[dict[str, Any]]:
         """Events about a run, waiting for the first (the server ingests them asynchronously)."""
-        from prefect.client.orchestration import get_client
-
-        body = {"filter": {"event": {"prefix": [prefix]},
-                           "any_resource": {"id": [f"prefect.flow-run.{run_id}"]}}, "limit": 50}
-
-        def fetch() -> list[dict[str, Any]]:
-            with get_client(sync_client=True) as client:
-                return client.request("POST", "/events/filter", json=body).json()["events"]
-
-        return self.wait_until(fetch, timeout_s, f"{prefix} events of {run_id}")
+        try:
+            return wait_for_events(run_id, prefix, timeout_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
 
     def allocation_artifact(self, run_id: str) -> str:
         """The markdown of the worker's allocation-history artifact of a run."""
@@ -127,12 +126,9 @@ def _kill_processes_of(home: Path) -> None:
 
 
 def stack_settings(base: Path) -> dict[str, str]:
-    """The environment of a test stack under `base`: its own Prefect home, a
-    2-slot CPU cluster, 2 s slots, cheap restarts."""
+    """The ElasticFlow environment of a test stack under `base`: a 2-slot CPU
+    cluster, 2 s slots, cheap restarts (`prefect_server` sets Prefect's)."""
     return {
-        "PREFECT_HOME": str(base / "prefect"),
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "ELASTICFLOW_HOME": str(base / "home"),
         "ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"),
         "ELASTICFLOW_INTERVAL_S": "2",
@@ -144,35 +140,160 @@ def stack_settings(base: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    base = tmp_path_factory.mktemp("service")
-    env = stack_settings(base)
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
+    """The predicate's first truthy value, polled every 0.3 s; AssertionError naming `what` after `timeout_s`."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_for_events(
+    run_id: str,
+    prefix: str = "elasticflow.",
+    timeout_s: float = 20.0,
+    until: Callable[[list[dict[str, Any]]], bool] = bool,
+) -> list[dict[str, Any]]:
+    """A run's events whose name starts with `prefix`, once `until` holds for
+    them (default: there is one); the server ingests events asynchronously."""
+    from prefect.client.orchestration import get_client
+
+    body = {"filter": {"event": {"prefix": [prefix]},
+                       "any_resource": {"id": [f"prefect.flow-run.{run_id}"]}}, "limit": 50}
+
+    def fetch() -> list[dict[str, Any]] | None:
+        with get_client(sync_client=True) as client:
+            events = client.request("POST", "/events/filter", json=body).json()["events"]
+        return events if until(events) else None
+
+    return wait_until(fetch, timeout_s, f"{prefix} events of {run_id}")
+
+
+def flow_run_states(run_id: str) -> list[Any]:
+    """Every state a flow run went through, oldest first."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(run_id)  # type: ignore[arg-type]
+    return sorted(states, key=lambda state: state.timestamp)
+
+
+def state_names(run_id: str) -> list[str]:
+    return [state.name for state in flow_run_states(run_id)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def prefect_server(base: Path, *, ui: bool = False, timeout_s: float = 240.0) -> Iterator[str]:
+    """`prefect server start` on a free port of 127.0.0.1 with its own
+    PREFECT_HOME under `base`; until the block ends this process (its settings
+    and its environment, so workers and flow processes it starts) talks to it.
+    Yields the API URL.
+
+    Not Prefect's test harness: its server never serves the UI, and one way to
+    start a server for every test is easier to reason about than two. Startup
+    takes ~10 s on an idle machine, over a minute on two busy cores.
+    """
+    import prefect.context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from scheduler_service.stack.local import wait_healthy
+
+    base.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {
+        "PREFECT_HOME": str(base / "prefect"),
+        "PREFECT_API_URL": api_url,
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "true" if ui else "false",
+    }
+    if ui:
+        env["PREFECT_UI_API_URL"] = api_url
+        # the UI's static files are copied on first start: into our folder, not site-packages
+        env["PREFECT_UI_STATIC_DIRECTORY"] = str(base / "ui-static")
+    log = base / "server.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **env}, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=base,
+        start_new_session=True,
+    )
+    try:
+        try:
+            wait_healthy(api_url, server, timeout_s)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}:\n{log.read_text()[-3000:]}") from None
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: base / "prefect"}):
+                # as Prefect's harness does: also threads whose context was copied earlier see this server
+                with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+                    try:
+                        yield api_url
+                    finally:  # send what is queued while the server still listens
+                        APILogWorker.drain_all()
+                        EventsWorker.drain_all()
+    finally:
+        _stop(server)
+
+
+@contextmanager
+def stack_on(api_url: str, base: Path) -> Iterator[Stack]:
+    """On the server at `api_url`: the `gpus` pool with `train/mlp` (seeded MLP
+    profile) and a worker, state under `base`; all they started is stopped at the end."""
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
+        for key, value in stack_settings(base).items():
             mp.setenv(key, value)
         mp.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
-        from prefect.settings import PREFECT_API_URL
-        from prefect.testing.utilities import prefect_test_harness
-
         from scheduler_service.stack.deployments import deploy, ensure_pool
         from scheduler_service.store import save_curve
 
-        with prefect_test_harness(server_startup_timeout=60):
-            api_url = PREFECT_API_URL.value()
-            save_curve("mlp", 32, MLP_CURVE)
-            asyncio.run(ensure_pool(POOL))
-            stack = Stack(api_url, base / "home", None, base / "worker.log")  # type: ignore[arg-type]
-            stack.start_worker(base / "worker.log")  # boots (imports) while we deploy
-            try:
-                deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
-                stack.wait_worker_started()
-                yield stack
-            finally:
-                _stop(stack.worker)
-                for group in stack.killed_groups:
-                    try:
-                        os.killpg(group, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                _kill_processes_of(stack.home)
+        save_curve("mlp", 32, MLP_CURVE)
+        asyncio.run(ensure_pool(POOL))
+        stack = Stack(api_url, base / "home", None, base / "worker.log")  # type: ignore[arg-type]
+        stack.start_worker(base / "worker.log")  # boots (imports) while we deploy
+        try:
+            deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
+            stack.wait_worker_started()
+            yield stack
+        finally:
+            _stop(stack.worker)
+            for group in stack.killed_groups:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _kill_processes_of(stack.home)
+
+
+@contextmanager
+def running_stack(base: Path, *, ui: bool = False) -> Iterator[Stack]:
+    """A server of its own, with the stack on it (the UI test's)."""
+    with prefect_server(base, ui=ui) as api_url, stack_on(api_url, base) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Prefect server alone, for tests that run flows in this process."""
+    with prefect_server(tmp_path_factory.mktemp("prefect")) as api_url:
+        yield api_url
+
+
+@pytest.fixture(scope="session")
+def stack(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The pool, `train/mlp` and a worker on the session's server."""
+    with stack_on(prefect_api, tmp_path_factory.mktemp("service")) as stack:
+        yield stack

@@ -15,7 +15,7 @@ from prefect import flow, task
 
 from elasticflow_block import HistoryPolicy, TrainingFailed, TrainingRejected, train_model
 from elasticflow_block.pipeline import learn_steps
-from tests.service.conftest import Stack
+from tests.stack import Stack, flow_run_states
 
 pytestmark = pytest.mark.slow
 
@@ -132,15 +132,8 @@ def test_cancelling_the_pipeline_cancels_the_training_run_it_waits_for(pipeline_
     assert stack.wait_final(str(pipeline.id), 90).state.is_cancelled()
     train = stack.wait_final(str(train.id), 90)
     assert (train.state.type.value, train.state.name) == ("CANCELLED", "Cancelled"), f"{train.state!r}"
-    why = [s.message for s in _states(str(train.id)) if s.name == "Cancelling"]
+    why = [s.message for s in flow_run_states(str(train.id)) if s.name == "Cancelling"]
     assert why and why[0].startswith("the pipeline step waiting for it stopped (TerminationSignal")
-
-
-def _states(run_id: str) -> list[Any]:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return list(client.read_flow_run_states(run_id))  # type: ignore[arg-type]
 
 
 def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_it_is_too_late(

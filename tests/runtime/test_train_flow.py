@@ -4,52 +4,27 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.stack import wait_for_events
+
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    home = tmp_path_factory.mktemp("prefect-home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PREFECT_HOME", str(home))
-        mp.setenv("DO_NOT_TRACK", "1")
-        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        from prefect.testing.utilities import prefect_test_harness
-
-        # ~10 s on an idle machine; over a minute on two busy cores.
-        with prefect_test_harness(server_startup_timeout=240):
-            yield
-
-
 def _events(flow_run_id: str, timeout_s: float = 20.0) -> list[dict]:
-    from prefect.client.orchestration import get_client
     from prefect.events.worker import EventsWorker
 
     EventsWorker.drain_all()
-    deadline = time.time() + timeout_s
-    body = {
-        "filter": {
-            "event": {"prefix": ["elasticflow.training."]},
-            "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
-        },
-        "limit": 50,
-    }
-    events: list[dict] = []
-    while time.time() < deadline:
-        with get_client(sync_client=True) as client:
-            events = client.request("POST", "/events/filter", json=body).json()["events"]
-        if any(e["event"] == "elasticflow.training.completed" for e in events):
-            break
-        time.sleep(1.0)
-    return events
+
+    def completed(events: list[dict]) -> bool:
+        return any(e["event"] == "elasticflow.training.completed" for e in events)
+
+    return wait_for_events(flow_run_id, "elasticflow.training.", timeout_s, until=completed)
 
 
-def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Path) -> None:
+def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
@@ -108,7 +83,7 @@ def test_train_flow_runs_resizes_and_reports(prefect_server: None, tmp_path: Pat
     assert status is not None and status.iteration == 40
 
 
-def test_bad_parameters_fail_the_flow_before_training(prefect_server: None, tmp_path: Path) -> None:
+def test_bad_parameters_fail_the_flow_before_training(prefect_api: str, tmp_path: Path) -> None:
     from flows.train import train
 
     state = train(model="resnet-50", checkpoint_store=str(tmp_path), return_state=True)
@@ -137,7 +112,7 @@ def test_progress_never_fails_training_without_an_api(monkeypatch: pytest.Monkey
     assert tracker.snapshot().iteration == 10
 
 
-def test_a_saved_checkpoint_store_block_is_found_by_name(prefect_server: None, tmp_path: Path) -> None:
+def test_a_saved_checkpoint_store_block_is_found_by_name(prefect_api: str, tmp_path: Path) -> None:
     from elasticflow_block import CheckpointStore
     from elasticflow_block.storage import resolve_checkpoint_url
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.conftest import Stack
+from tests.stack import state_names as _state_names
 
 pytestmark = pytest.mark.slow
 
@@ -49,14 +50,6 @@ def _wait_training(stack: Stack, run_id: str, past: int = 0) -> Path:
     stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > past, 150,
                      "the run to train")
     return status
-
-
-def _state_names(run_id: str) -> list[str]:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        states = client.read_flow_run_states(run_id)  # type: ignore[arg-type]
-    return [state.name for state in sorted(states, key=lambda state: state.timestamp)]
 
 
 def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first(stack: Stack) -> None:

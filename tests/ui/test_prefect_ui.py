@@ -2,10 +2,8 @@
 shows its reason, an admitted run shows its allocation-history artifact, and a
 markdown artifact with the allocation plot as a `data:` URI image renders.
 
-The test harness's server does not serve the UI (it starts with
-PREFECT_UI_ENABLED=0), so this starts `prefect server start` on a free port
-of 127.0.0.1 with its own PREFECT_HOME, and the elasticflow worker as in
-tests/service. Headless Chromium comes from the distribution
+The shared stack's server does not serve the UI, so this module starts its
+own stack (tests/stack.py's `running_stack`) with the UI on. Headless Chromium comes from the distribution
 (`infra/ensure-chromium.sh`), driven by Playwright's Python package; Playwright
 never downloads a browser here.
 
@@ -15,13 +13,10 @@ test's temporary folder, so normal runs leave the tree alone).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import MLP_CURVE, POOL, ROOT, Stack, _kill_processes_of, _stop, stack_settings
+from tests.stack import ROOT, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +53,6 @@ def find_chromium() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class UiStack:
     stack: Stack
@@ -79,58 +68,10 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
     if chromium is None:
         pytest.skip("no Chromium found or installable (root and apt-get needed; see infra/ensure-chromium.sh)")
     base = tmp_path_factory.mktemp("ui")
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = {
-        **stack_settings(base),
-        "PREFECT_API_URL": api_url,
-        "PREFECT_UI_API_URL": api_url,
-        # the UI's static files are copied on first start: into our folder, not site-packages
-        "PREFECT_UI_STATIC_DIRECTORY": str(base / "ui-static"),
-        "PREFECT_UI_ENABLED": "true",
-    }
-    server_log = base / "server.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **env}, stdout=open(server_log, "wb"), stderr=subprocess.STDOUT, cwd=base,
-        start_new_session=True,
-    )
-    stack: Stack | None = None
-    try:
-        _wait_healthy(api_url, server, server_log)
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in env.items():
-                mp.setenv(key, value)
-            mp.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
-            from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-            from scheduler_service.stack.deployments import deploy, ensure_pool
-            from scheduler_service.store import save_curve
-
-            with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: base / "prefect"}):
-                save_curve("mlp", 32, MLP_CURVE)
-                asyncio.run(ensure_pool(POOL))
-                stack = Stack(api_url, base / "home", None, base / "worker.log")  # type: ignore[arg-type]
-                stack.start_worker(base / "worker.log")
-                deploy(POOL, ["mlp"], parameters={"hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
-                stack.wait_worker_started()
-                shots = ROOT / "docs" / "img" if os.environ.get(SAVE_ENV) == "1" else base / "screenshots"
-                shots.mkdir(parents=True, exist_ok=True)
-                yield UiStack(stack, f"http://127.0.0.1:{port}", shots, chromium)
-    finally:
-        if stack is not None and stack.worker is not None:
-            _stop(stack.worker)
-        _kill_processes_of(base / "home")
-        _stop(server)
-
-
-def _wait_healthy(api_url: str, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> None:
-    from scheduler_service.stack.local import wait_healthy
-
-    try:
-        wait_healthy(api_url, server, timeout_s)
-    except RuntimeError as exc:
-        raise AssertionError(f"{exc}:\n{log.read_text()[-3000:]}") from None
+    with running_stack(base, ui=True) as stack:
+        shots = ROOT / "docs" / "img" if os.environ.get(SAVE_ENV) == "1" else base / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        yield UiStack(stack, stack.api_url.removesuffix("/api"), shots, chromium)
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NO_TORCH = ["scheduler_service.store", "scheduler_service.policy", "elasticflow_block", "elasticflow_block.deadline"]
+NO_TORCH = [
+    "scheduler_service.store",
+    "scheduler_service.policy",
+    "elasticflow_block",
+    "elasticflow_block.deadline",
+    "elasticflow_block.pipeline",
+]
 PURE = {"scheduler_service.policy": ["prefect", "sqlmodel", "sqlalchemy"]}
 
 
-def _imported(module: str) -> set[str]:
-    code = f"import json, sys, {module}; print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+def _loaded(module: str) -> set[str]:
+    """Every module in sys.modules after importing `module` in a fresh interpreter."""
+    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return set(json.loads(out.stdout))
+
+
+def _imported(module: str) -> set[str]:
+    """The top-level packages importing `module` loads."""
+    return {name.split(".")[0] for name in _loaded(module)}
 
 
 @pytest.mark.parametrize("module", NO_TORCH)
@@ -35,6 +47,10 @@ def test_imports_no_torch(module: str) -> None:
 @pytest.mark.parametrize("module,forbidden", sorted(PURE.items()))
 def test_policy_is_pure(module: str, forbidden: list[str]) -> None:
     assert not set(forbidden) & _imported(module)
+
+
+def test_the_worker_reads_its_cluster_file_without_the_simulator() -> None:
+    assert not {m for m in _loaded("scheduler_service.worker.cluster") if m.startswith("scheduler_service.simulator")}
 
 
 def _imports_of(package: Path) -> set[str]:

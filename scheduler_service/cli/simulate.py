@@ -128,12 +128,12 @@ def diff(
         for column in ("job", "submit s", "window s", "model/batch", "ours", "MSS", "start s", "finish s", "reference"):
             jobs.add_column(column, no_wrap=column != "ours")
         for mine_row, ref_row in pairs:
-            window = float(mine_row["deadline"]) - float(mine_row["submit_time"])
+            window = float(mine_row["deadline"]) - float(mine_row["submit_time"]) if mine_row["deadline"] else None
             decision = mine_row["decision"] + (f": {mine_row['reason']}" if mine_row["reason"] else "")
             if mine_row["decision"] == "admitted":
                 decision += ", met" if mine_row["met"] == "1" else ", late"
             ref_said = ref_row["decision"] + (", met" if ref_row["met"] == "1" else ", missed")
-            jobs.add_row(mine_row["job_id"], mine_row["submit_time"], f"{window:.0f}",
+            jobs.add_row(mine_row["job_id"], mine_row["submit_time"], "-" if window is None else f"{window:.0f}",
                          f"{mine_row['model']}/{mine_row['batch_size']}", decision, mine_row["mss"],
                          mine_row["start"], mine_row["finish"], ref_said)
         console.print(jobs)

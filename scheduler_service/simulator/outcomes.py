@@ -87,7 +87,7 @@ def _read(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
 
 def read_jobs_csv(path: Path, policy: str | None = None) -> tuple[str, dict[str, dict[str, str]]]:
     """One policy's rows of a `--jobs-csv` file (the first policy in it unless named)."""
-    rows = _read(path, JOB_COLUMNS[:2] + ["decision", "met"])
+    rows = _read(path, JOB_COLUMNS)
     policies = list(dict.fromkeys(row["policy"] for row in rows))
     if not policies:
         raise InputError(path, None, None, "no jobs in the file")

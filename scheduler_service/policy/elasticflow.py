@@ -124,12 +124,21 @@ class ElasticFlowPolicy(SchedulingPolicy):
             )
         plan = plan_one(cand, slot, self.timeline, self.clock)
         if plan is not None and placeable_throughout(plan, self.plans, self.topology.num_gpus):
+            refusal = self._refuse(cand, plan, self.timeline, slot)
+            if refusal is not None:
+                return refusal
             self._reserve(job, plan, guaranteed=True)
             return self._admit(job, plan)
         replanned = plan_all(
             [self._candidate(j, status, slot) for j in self.guaranteed] + [cand], slot, self.topology.num_gpus, self.clock
         )
         if not isinstance(replanned, str):
+            timeline, plans = replanned
+            timeline.add(plans[job.job_id].runs, sign=-1)  # what the others leave
+            refusal = self._refuse(cand, plans[job.job_id], timeline, slot)
+            timeline.add(plans[job.job_id].runs)
+            if refusal is not None:
+                return refusal
             self._adopt(job, replanned)
             return self._admit(job, self.plans[job.job_id])
         return self._reject(
@@ -137,6 +146,12 @@ class ElasticFlowPolicy(SchedulingPolicy):
             f"the GPUs it would need before its deadline are reserved by {len(self.guaranteed)} admitted jobs",
             earliest_deadline(cand, slot, self.timeline, self.clock),
         )
+
+    def _refuse(self, cand: Candidate, plan: Plan, others: Timeline, slot: int) -> Decision | None:
+        """A rejection for a job that could be guaranteed, or None to admit it.
+        The paper's policy admits every job it can guarantee; an overload
+        policy overrides this (see overload.py)."""
+        return None
 
     def _replan_in_deadline_order(self, slot: int, status: Mapping[str, JobStatus]) -> None:
         """Without admission control: every deadline job, in deadline order,
@@ -229,11 +244,35 @@ class ElasticFlowPolicy(SchedulingPolicy):
             base = {j: (self.plans[j].gpus_at(slot) if j in self.plans else 0) for j in alloc}
             grants = [j for j, gpus in alloc.items() if gpus > base[j]]
             if not grants:
-                return placement  # the plans themselves need the move
+                narrower = self._narrower(slot, alloc, status, placement.moved - pinned)
+                if narrower is None:
+                    return placement
+                self.placer.restore(before)
+                alloc[narrower[0]] = narrower[1]
+                continue
             self.placer.restore(before)
             # New grants go back first, then extras a job already held; largest first.
             job_id = max(grants, key=lambda j: (alloc[j] != status[j].gpus, alloc[j] - base[j], j))
             alloc[job_id] = base[job_id]
+
+    def _narrower(
+        self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus], movable: set[str]
+    ) -> tuple[str, int] | None:
+        """The plans themselves would move a pinned job (fragmentation). Undo
+        it by running some job narrower than its plan for now, if one can
+        afford that: a planned growth postponed, or a job that moves anyway
+        at the level below. Widest first; None if no job can."""
+        options = []
+        for job_id, gpus in alloc.items():
+            current = status[job_id].gpus
+            if 0 < current < gpus:
+                options.append((job_id, current))
+            elif job_id in movable:
+                below = [g for g in self.levels[job_id] if g < gpus]
+                if below:
+                    options.append((job_id, below[-1]))
+        options.sort(key=lambda o: (-alloc[o[0]], o[0]))
+        return next(((j, g) for j, g in options if self._safe(j, g, slot, status[j])), None)
 
     def _pinned(self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus]) -> set[str]:
         """Guaranteed jobs that could not absorb an unplanned restart (a migration) now."""

@@ -29,6 +29,7 @@ class RejectReason(str, Enum):
     INFEASIBLE_ALONE = "infeasible_even_on_an_idle_cluster"
     INSUFFICIENT_CAPACITY = "gpus_reserved_by_admitted_jobs"
     NO_USABLE_GPU_COUNT = "no_usable_gpu_count"
+    WINDOW_IN_DEMAND = "window_too_busy_for_its_size"  # elasticflow-overload only
 
 
 class Decision(BaseModel):

@@ -14,12 +14,14 @@ import pkgutil
 from scheduler_service.policy import baselines
 from scheduler_service.policy.elasticflow import ElasticFlowNoAdmission, ElasticFlowPolicy
 from scheduler_service.policy.interface import SchedulingPolicy
+from scheduler_service.policy.overload import ElasticFlowOverload
 from scheduler_service.policy.topology import Topology
 
 
 def _discover() -> dict[str, type[SchedulingPolicy]]:
     found: dict[str, type[SchedulingPolicy]] = {
         ElasticFlowPolicy.name: ElasticFlowPolicy, ElasticFlowNoAdmission.name: ElasticFlowNoAdmission,
+        ElasticFlowOverload.name: ElasticFlowOverload,
     }
     for info in sorted(pkgutil.iter_modules(baselines.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{baselines.__name__}.{info.name}")

@@ -41,6 +41,18 @@ class Timeline:
             end = start
             i -= 1
 
+    def forward(self, lo: int, hi: int) -> Iterator[tuple[int, int, int]]:
+        """Segments (start, end, free) covering [lo, hi), earliest first
+        (like `backward`, nothing before the origin)."""
+        starts, used, cap = self._starts, self._used, self.capacity
+        t = max(lo, starts[0])
+        i = bisect_right(starts, t) - 1
+        while t < hi:
+            end = min(starts[i + 1] if i + 1 < len(starts) else hi, hi)
+            yield t, end, cap - used[i]
+            t = end
+            i += 1
+
     def _split(self, slot: int) -> int:
         """Index of the segment starting exactly at `slot`, creating it if needed."""
         i = bisect_right(self._starts, slot) - 1

@@ -1,0 +1,115 @@
+"""ElasticFlow for overload: admit a guaranteable job only if it is worth
+the capacity it would reserve.
+
+First-come MSS admission takes every job it can guarantee, so under overload
+a few jobs with large reservations in busy windows crowd out many small ones
+that arrive later. This policy prices a plan by the slots it would reserve:
+each GPU-second costs more the more of its slot admitted jobs already hold,
+exponentially (p(u) = (mu^u - 1) / (mu - 1), 0 when idle, 1 when full), the
+price of online admission with capacities (Awerbuch, Azar and Plotkin; the
+online-knapsack threshold of Zhou, Chakrabarty and Lukose has the same
+shape). Every job is worth the same (one met deadline), so it is admitted
+when its plan's price, in seconds of the whole cluster, is at most `budget`.
+On a lightly loaded cluster prices are near zero and it admits what the
+paper's policy admits; decisions stay immediate and admitted jobs keep their
+guarantee (only the admission test is stricter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler_service.policy.admission import Candidate, earliest_deadline, placeable_throughout, plan_one
+from scheduler_service.policy.elasticflow import ElasticFlowPolicy
+from scheduler_service.policy.interface import Decision, RejectReason
+from scheduler_service.policy.overhead import PAPER_OVERHEAD
+from scheduler_service.policy.plan import Plan
+from scheduler_service.policy.timeline import Timeline
+from scheduler_service.policy.topology import Topology
+
+SEARCH_DOUBLINGS = 6  # windows up to 64x the asked one
+SEARCH_STEPS = 8
+
+
+
+def plan_price(plan: Plan, others: Timeline, slot: int, interval: float, mu: float) -> float:
+    """Seconds of the whole cluster the plan costs at the current prices."""
+    cap = others.capacity
+    cost = 0.0
+    for run in plan.runs:
+        for a, b, free in others.forward(max(run.start, slot), run.end):
+            used = 1.0 - free / cap
+            cost += run.gpus * (b - a) * (mu ** used - 1.0) / (mu - 1.0)
+    return cost * interval / cap
+
+
+class ElasticFlowOverload(ElasticFlowPolicy):
+    name = "elasticflow-overload"
+    mu = 100.0  # price of a full slot over an idle one, plus one
+    budget_s = 300.0  # what one met deadline is worth, in seconds of the whole cluster
+
+    def __init__(self, topology: Topology, interval: float = 60.0, overhead=PAPER_OVERHEAD) -> None:
+        super().__init__(topology, interval, overhead)
+
+    def _refuse(self, cand: Candidate, plan: Plan, others: Timeline, slot: int) -> Decision | None:
+        price = plan_price(plan, others, slot, self.clock.interval, self.mu)
+        if price <= self.budget_s:
+            return None
+        busy = 1.0 - _mean_free(plan, others, slot)
+        return self._reject(
+            cand.job, RejectReason.WINDOW_IN_DEMAND,
+            f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} GPU-hours "
+            f"in slots already {busy:.0%} reserved, more than one job is worth while the cluster is this busy; "
+            "a later deadline spreads it over emptier slots",
+            self._earliest_priced(cand, slot),
+        )
+
+    def _earliest_priced(self, cand: Candidate, slot: int) -> float | None:
+        """The earliest deadline found that this policy would admit now:
+        capacity-feasible on the current timeline and within budget. Prices
+        fall as the deadline moves into emptier slots, so double the window
+        until one passes, then bisect; every answer was checked."""
+        job = cand.job
+        assert job.deadline is not None
+        now = slot * self.clock.interval
+
+        def admits(deadline: float) -> bool:
+            trial = replace(cand, job=replace(job, deadline=deadline))
+            plan = plan_one(trial, slot, self.timeline, self.clock)
+            return (plan is not None and placeable_throughout(plan, self.plans, self.topology.num_gpus)
+                    and plan_price(plan, self.timeline, slot, self.clock.interval, self.mu) <= self.budget_s)
+
+        lo = max(job.deadline, earliest_deadline(cand, slot, self.timeline, self.clock))
+        if admits(lo):
+            return lo
+        window = max(lo - now, self.clock.interval)
+        for _ in range(SEARCH_DOUBLINGS):
+            hi = now + 2 * window
+            if admits(hi):
+                break
+            lo, window = hi, 2 * window
+        else:
+            return None
+        for _ in range(SEARCH_STEPS):
+            mid = self.clock.slot_after((lo + hi) / 2) * self.clock.interval
+            if mid >= hi or mid <= lo:
+                break
+            if admits(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+
+def plan_gpu_hours(plan: Plan, interval: float) -> float:
+    return sum((r.end - r.start) * r.gpus for r in plan.runs) * interval / 3600
+
+
+def _mean_free(plan: Plan, others: Timeline, slot: int) -> float:
+    """Free share of the cluster over the plan's slots, weighted by its GPUs."""
+    weight = free_sum = 0.0
+    for run in plan.runs:
+        for a, b, free in others.forward(max(run.start, slot), run.end):
+            weight += run.gpus * (b - a)
+            free_sum += run.gpus * (b - a) * free / others.capacity
+    return free_sum / weight if weight else 1.0

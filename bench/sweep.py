@@ -157,7 +157,7 @@ def summarize_generated(results: list[dict]) -> list[dict]:
     return rows
 
 
-def plot(summary: list[dict], results: list[dict], path: Path) -> None:
+def plot(summary: list[dict], results: list[dict], path: Path, seeds: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,15 +173,19 @@ def plot(summary: list[dict], results: list[dict], path: Path) -> None:
             ax.plot(xs, [r["ratio"] for r in rows], **style)
             if policy != "bound":
                 ax.fill_between(xs, [r["min"] for r in rows], [r["max"] for r in rows], color=f"C{i}", alpha=0.15)
-        refs = [r for r in results if r["kind"] == "reference" and r["cluster"] == cluster and r["policy"] == "elasticflow"]
-        for k, r in enumerate(refs):
+        refs = [r for r in results if r["kind"] == "reference" and r["cluster"] == cluster]
+        for k, r in enumerate(r for r in refs if r["policy"] == "elasticflow"):
             ax.plot(r["load_measured"], reference_ratio(r["trace"], cluster), "kx", markersize=8,
                     label="authors' simulator (reference traces)" if k == 0 else None)
-            ax.plot(r["load_measured"], r["ratio"], "*", color="C0", markersize=10,
-                    label="elasticflow (reference traces)" if k == 0 else None)
-            ax.annotate(r["trace"], (r["load_measured"], r["ratio"]), fontsize=7, xytext=(4, 4),
-                        textcoords="offset points")
-        ax.set_title(f"{cluster} ({_gpus(cluster)} GPUs), {JOBS} jobs, {len(SEEDS)} seeds")
+            ax.annotate(r["trace"], (r["load_measured"], reference_ratio(r["trace"], cluster)), fontsize=7,
+                        xytext=(5, -3), textcoords="offset points")
+        for i, policy in enumerate(policies()):
+            if policy == "edf":
+                continue
+            for k, r in enumerate(r for r in refs if r["policy"] == policy):
+                ax.plot(r["load_measured"], r["ratio"], "*", color=f"C{i}", markersize=10,
+                        label=f"{policy} (reference traces)" if k == 0 else None)
+        ax.set_title(f"{cluster} ({_gpus(cluster)} GPUs), {JOBS} jobs, {seeds} seeds")
         ax.set_xlabel("offered load (GPU-time asked at requested counts / cluster)")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
@@ -270,7 +274,7 @@ def main() -> None:
     (args.out / "sweep.json").write_text(json.dumps(
         {"policies": names, "jobs": JOBS, "seeds": list(SEEDS[:args.seeds]), "interval_s": INTERVAL,
          "generated": summary, "reference": reference_rows, "wall_s": round(wall, 1)}, indent=1) + "\n")
-    plot(summary, results, args.out / "sweep.png")
+    plot(summary, results, args.out / "sweep.png", args.seeds)
     print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.png'}")
 
 

@@ -212,7 +212,8 @@ def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: 
     from scheduler_service.simulator.experiment import data_dir
     from scheduler_service.simulator.inputs import load_throughputs
     from scheduler_service.worker import cluster as cluster_mod
-    from scheduler_service.worker.scheduler import Run, Scheduler
+    from scheduler_service.worker.run_state import RunState
+from scheduler_service.worker.scheduler import Scheduler
 
     cluster = cluster_mod.load(data_dir() / "clusters" / "n16g8.csv")
     # As ElasticFlowWorker.__init__ builds it, with the default restart cost.
@@ -233,7 +234,7 @@ def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: 
         run_id = f"bench-{count:04d}"
         count += 1
         job = Job(run_id, now, iterations, now + window, curve, model="bench", batch_size=256)
-        scheduler.arrive(Run(run_id, job, FileControlChannel(run_id, control)))
+        scheduler.arrive(RunState(run_id, job, FileControlChannel(run_id, control)))
 
     def step(now: float) -> Any:
         result = scheduler.plan(now)

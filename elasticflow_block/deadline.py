@@ -31,6 +31,16 @@ _RELATIVE = re.compile(r"^\+\s*((?:\d+(?:\.\d+)?\s*[smhdw]\s*)+)$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+def relative_seconds(text: str) -> float | None:
+    """Seconds in a relative time (`+2h`, `+1h30m`, `+90s`); None if `text` is not one.
+    The one parser of relative times: training deadlines and pipeline SLAs alike."""
+    match = _RELATIVE.match(text.strip())
+    if not match:
+        return None
+    return sum(float(num) * _UNIT_SECONDS[unit]
+               for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", match.group(1)))
+
+
 class SLATooClose(ValueError):
     """The SLA leaves no time to train: the derived deadline is not in the future.
 
@@ -190,11 +200,8 @@ def resolve_sla(value: str | datetime, now: datetime) -> datetime:
             raise ValueError(f"SLA {value.isoformat()} has no time zone; add one (e.g. +00:00 or Z)")
         return value
     text = value.strip()
-    match = _RELATIVE.match(text)
-    if match:
-        seconds = sum(
-            float(num) * _UNIT_SECONDS[unit] for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", match.group(1))
-        )
+    seconds = relative_seconds(text)
+    if seconds is not None:
         return now + timedelta(seconds=seconds)
     iso = text.replace("Z", "+00:00").replace("z", "+00:00")
     try:

@@ -49,9 +49,8 @@ from elasticflow_block.deadline import (
     step_from_history,
 )
 from elasticflow_block.storage import CheckpointStorage
+from scheduler_service.contracts import Rejection, StateName
 
-REJECTED = "Rejected"  # the state name the elasticflow worker gives a rejected run
-_EARLIEST = "; earliest feasible deadline "
 
 
 class TrainingError(RuntimeError):
@@ -88,7 +87,7 @@ class TrainingRejected(TrainingError):
         earliest_feasible_deadline: datetime | None,
         plan: DeadlinePlan | None = None,
     ) -> None:
-        super().__init__(f"training rejected ({reason}): {message}", flow_run_id, "CANCELLED", REJECTED)
+        super().__init__(f"training rejected ({reason}): {message}", flow_run_id, "CANCELLED", StateName.REJECTED.value)
         self.message, self.reason, self.earliest_feasible_deadline, self.plan = (
             message, reason, earliest_feasible_deadline, plan,
         )
@@ -101,28 +100,6 @@ class TrainingRejected(TrainingError):
         if self.earliest_feasible_deadline is None or self.plan is None:
             return None
         return self.earliest_feasible_deadline + self.plan.reserved
-
-
-def parse_rejection(message: str | None) -> tuple[str, datetime | None]:
-    """Reason code and earliest feasible deadline from a `Rejected` state message.
-
-    The worker writes `"<reason>: <why>; earliest feasible deadline <ISO-8601>"`,
-    the last part only when there is one. A message in another shape keeps
-    reason `unknown` rather than failing: the raw message still travels with the error.
-    """
-    text = (message or "").strip()
-    head, sep, _ = text.partition(": ")
-    reason = head if sep and head and " " not in head else "unknown"
-    earliest: datetime | None = None
-    if _EARLIEST in text:
-        stamp = text.rsplit(_EARLIEST, 1)[1].strip().rstrip(".")
-        try:
-            earliest = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-        except ValueError:
-            earliest = None
-        if earliest is not None and earliest.tzinfo is None:
-            earliest = earliest.replace(tzinfo=timezone.utc)
-    return reason, earliest
 
 
 class TrainedModel(BaseModel):
@@ -324,10 +301,10 @@ def _total_from_status(run_id: str, params: dict[str, Any]) -> int | None:
 
     root = params.get("control_dir") or default_control_root()
     try:
-        total = (FileControlChannel(run_id, Path(root)).status() or {}).get("total_iterations")
-    except (OSError, ValueError):
+        status = FileControlChannel(run_id, Path(root)).status()
+    except OSError:
         return None
-    return int(total) if isinstance(total, (int, float)) and total > 0 else None
+    return status.total_iterations if status is not None and status.total_iterations > 0 else None
 
 
 def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> TrainedModel:
@@ -377,9 +354,10 @@ def _outcome(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> Traine
         )
     if state.is_completed():
         return _checkpoint_of(flow_run, request, plan)
-    if state.is_cancelled() and state.name == REJECTED:
-        reason, earliest = parse_rejection(state.message)
-        raise TrainingRejected(state.message or "", run_id, reason, earliest, plan)
+    if state.is_cancelled() and state.name == StateName.REJECTED.value:
+        rejection = Rejection.from_labels(flow_run.labels or {}, state.message)
+        raise TrainingRejected(state.message or "", run_id, rejection.reason, rejection.earliest_feasible_deadline,
+                               plan)
     raise TrainingFailed(
         f"train flow run {run_id} ended {state.type.value} ({state.name}): {state.message or 'no message'}",
         run_id, state.type.value, state.name,

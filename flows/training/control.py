@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class ControlCommand(BaseModel):
@@ -32,6 +32,28 @@ class ControlCommand(BaseModel):
     action: Literal["rescale", "stop"]
     gpus: list[int] | None = None
     issued_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+class RunStatus(BaseModel):
+    """`status.json`: what the run's rank 0 last reported, for the UI and the
+    scheduler. Extra keys (an event's details) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run_key: str = ""
+    iteration: int = 0
+    total_iterations: int = 0
+    loss: float | None = None
+    gpus: list[int] = Field(default_factory=list)
+    iterations_per_s: float | None = None
+    projected_finish: datetime | None = None
+    deadline: datetime | None = None
+    on_track: bool | None = None
+    event: str | None = None
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.iteration / max(1, self.total_iterations)
 
 
 class ControlAck(BaseModel):
@@ -107,8 +129,9 @@ class FileControlChannel:
     def publish_status(self, status: dict[str, object]) -> None:
         write_json_atomic(self.status_path, json.dumps(status, default=str))
 
-    def status(self) -> dict[str, object] | None:
+    def status(self) -> RunStatus | None:
+        """The last status the run wrote; None before its first (or if unreadable)."""
         try:
-            return json.loads(self.status_path.read_text())
-        except FileNotFoundError:
+            return RunStatus.model_validate_json(self.status_path.read_text())
+        except (FileNotFoundError, ValidationError):
             return None

@@ -8,17 +8,15 @@ any process is launched or GPU is held.
 from __future__ import annotations
 
 import math
-import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from elasticflow_block.deadline import relative_seconds
 from flows.training.datasets import DatasetSpec
 from flows.training.models import data_kind, resolve_factory
 
-_RELATIVE = re.compile(r"^\+\s*((?:\d+(?:\.\d+)?\s*[smhdw]\s*)+)$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_deadline(value: str | datetime, now: datetime | None = None) -> datetime:
@@ -32,12 +30,8 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
         moment = value
     else:
         text = value.strip()
-        match = _RELATIVE.match(text)
-        if match:
-            seconds = sum(
-                float(num) * _UNIT_SECONDS[unit]
-                for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", match.group(1))
-            )
+        seconds = relative_seconds(text)
+        if seconds is not None:
             return now + timedelta(seconds=seconds)
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00"))

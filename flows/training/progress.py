@@ -13,30 +13,13 @@ import time
 from collections import deque
 from datetime import datetime, timedelta, timezone
 
-from pydantic import BaseModel
-
-from flows.training.control import FileControlChannel
+from flows.training.control import FileControlChannel, RunStatus
 from flows.training.segment import SegmentResult
 
 log = logging.getLogger("elasticflow.progress")
 
 
-class ProgressSnapshot(BaseModel):
-    """What the UI and the scheduler want to know about a run right now."""
-
-    run_key: str
-    iteration: int
-    total_iterations: int
-    loss: float | None
-    gpus: list[int]
-    iterations_per_s: float | None
-    projected_finish: datetime | None
-    deadline: datetime | None
-    on_track: bool | None
-
-    @property
-    def percent(self) -> float:
-        return 100.0 * self.iteration / max(1, self.total_iterations)
+ProgressSnapshot = RunStatus  # what the UI and the scheduler want to know about a run right now
 
 
 class ProgressTracker:
@@ -116,7 +99,7 @@ class ProgressTracker:
         self._last_publish = time.time()
         if self.channel:
             try:
-                self.channel.publish_status({"event": event, **snap.model_dump(mode="json"), **(extra or {})})
+                self.channel.publish_status({**snap.model_dump(mode="json"), "event": event, **(extra or {})})
             except OSError as exc:
                 log.warning("cannot write status file run_key=%s error=%s", self.run_key, exc)
         log.info(

@@ -113,9 +113,9 @@ class WorkerPool:
         """Add `count` standbys forked from this process: instant, as torch is
         already imported here. Only for a process that has started no thread
         and not touched CUDA (a fork server's child before its engine runs)."""
-        from flows.training import worker
+        from flows.training import rank
 
-        if threading.active_count() > 1 or worker.torch.cuda.is_initialized():
+        if threading.active_count() > 1 or rank.torch.cuda.is_initialized():
             self.refill(count)  # not safe to fork here: start them as fresh interpreters
             return
         with self._lock:
@@ -134,7 +134,7 @@ class WorkerPool:
                         os.dup2(devnull, 1)
                         os.dup2(devnull, 2)
                         os.close(devnull)
-                        worker.run_standby(forked=True)
+                        rank.run_standby(forked=True)
                     finally:
                         os._exit(1)  # never back into the flow process's code
                 os.close(read)

@@ -48,8 +48,9 @@ def local_cuda_devices() -> int:
     return len(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def load(path: str | Path | None = None) -> Cluster:
-    """The cluster from `path`, `$ELASTICFLOW_CLUSTER`, `infra/cluster.csv`, or this machine."""
+def load(path: str | Path | None = None, cpu_slots: int | None = None) -> Cluster:
+    """The cluster from `path`, `$ELASTICFLOW_CLUSTER`, `infra/cluster.csv`, or this machine
+    (`cpu_slots`, `$ELASTICFLOW_CPU_SLOTS` or the CPU count on a CPU-only one)."""
     chosen = path or os.environ.get(CLUSTER_ENV) or (DEFAULT_CLUSTER_FILE if DEFAULT_CLUSTER_FILE.exists() else None)
     if chosen:
         topology = load_cluster(Path(chosen))
@@ -61,5 +62,5 @@ def load(path: str | Path | None = None) -> Cluster:
     cuda = local_cuda_devices()
     if cuda:
         return Cluster(Topology(1, 1, _floor_pow2(cuda)), "cuda", ("localhost",), f"{cuda} local CUDA devices")
-    slots = int(os.environ.get(CPU_SLOTS_ENV) or os.cpu_count() or 1)
+    slots = cpu_slots or int(os.environ.get(CPU_SLOTS_ENV) or os.cpu_count() or 1)
     return Cluster(Topology(1, 1, _floor_pow2(slots)), "cpu", ("localhost",), f"{slots} local CPU worker slots")

@@ -27,9 +27,9 @@ from scheduler_service.worker.render import (
     deadline_risk,
     samples_from_changes,
 )
-from scheduler_service.worker.scheduler import Run
+from scheduler_service.worker.run_state import Phase, RunState
 
-log = logging.getLogger("elasticflow.cluster_view")
+log = logging.getLogger("prefect.workers.elasticflow.cluster_view")  # shown with the worker's own lines
 
 ARTIFACT_KEY = "elasticflow-cluster"
 DESCRIPTION = "ElasticFlow cluster"
@@ -53,7 +53,7 @@ class ClusterView:
         self._last_allocation: dict[str, int] | None = None
         self._last_progress: dict[str, int] = {}
         self._last_sent = 0.0
-        self._live: dict[str, JobView] = {}  # last view of each unfinished run
+        self._live: dict[str, tuple[JobView, RunState]] = {}  # last view of each unfinished run
         self.finished: deque[JobView] = deque(maxlen=FINISHED_SHOWN)
 
     def restore(self, changes: list[tuple[datetime, str, int]], deadlines: dict[str, datetime]) -> None:
@@ -64,38 +64,38 @@ class ClusterView:
         if self.samples:
             self._last_allocation = dict(self.samples[-1].gpus)
 
-    def snapshot(self, runs: dict[str, Run], names: dict[str, str], projected: dict[str, float],
-                 now: float) -> ClusterSnapshot:
+    def snapshot(self, runs: dict[str, RunState], now: float) -> ClusterSnapshot:
+        """The cluster now; the projected finish is the run's own measured rate
+        once it trains, the policy's plan before."""
         jobs = []
         for run_id, run in runs.items():
-            if run.phase == "finished":
+            if run.phase in (Phase.FINISHED, Phase.PROFILING):
                 continue
-            status = run.channel.status() or {} if run.phase == "running" else {}
-            finish = status.get("projected_finish")
+            status = run.status()
+            finish = status.projected_finish if status is not None else None
             jobs.append(JobView(
-                name=names.get(run_id, run_id[:8]), flow_run_id=run_id, model=run.job.model or "?",
-                status=run.phase, share=run.share, gpus=sorted(run.held),
-                iterations_done=float(status.get("iteration") or 0), iterations_total=run.job.iterations,
-                projected_finish=datetime.fromisoformat(finish) if finish else _dt(projected.get(run_id)),
+                name=run.name or run_id[:8], flow_run_id=run_id, model=run.job.model or "?",
+                status=run.phase.value if isinstance(run.phase, Phase) else str(run.phase), share=run.share,
+                gpus=sorted(run.held), iterations_done=float(status.iteration if status is not None else 0),
+                iterations_total=run.job.iterations, projected_finish=finish or _dt(run.projected_finish),
                 deadline=_dt(run.deadline),
             ))
-        self._retire({job.flow_run_id for job in jobs}, runs, now)
-        self._live = {job.flow_run_id: job for job in jobs}
+        self._retire({job.flow_run_id for job in jobs}, now)
+        self._live = {job.flow_run_id: (job, runs[job.flow_run_id]) for job in jobs}
         topology = self.cluster.topology
         return ClusterSnapshot(at=_dt(now), topology=topology.describe(), nodes=list(self.cluster.nodes),
                                gpus_per_node=topology.gpus_per_node, jobs=[*jobs, *self.finished])
 
-    def _retire(self, live: set[str], runs: dict[str, Run], now: float) -> None:
+    def _retire(self, live: set[str], now: float) -> None:
         """Runs gone since the last snapshot stay listed, with the iteration
         their status file reached and when they ended: "finished" if that was
         the last iteration, "stopped" if not (cancelled, failed, stopped), so a
         run that never got there is not shown as having met its deadline."""
-        for run_id, job in self._live.items():
+        for run_id, (job, run) in self._live.items():
             if run_id in live:
                 continue
-            run = runs.get(run_id)
-            status = (run.channel.status() if run is not None else None) or {}
-            done = float(status.get("iteration") or job.iterations_done)
+            status = run.channel.status()
+            done = float(status.iteration if status is not None and status.iteration else job.iterations_done)
             ended = "finished" if job.iterations_total > 0 and done >= job.iterations_total else "stopped"
             self.finished.appendleft(job.model_copy(update=dict(
                 status=ended, gpus=[], iterations_done=done, projected_finish=_dt(now))))
@@ -126,6 +126,9 @@ class ClusterView:
         for job in snapshot.jobs:
             if job.deadline is not None:
                 self.deadlines[job.name] = job.deadline
+        if len(self.deadlines) > 2 * HISTORY:  # only runs the plot can still show need theirs
+            shown = {name for sample in self.samples for name in sample.gpus} | {job.name for job in snapshot.jobs}
+            self.deadlines = {name: d for name, d in self.deadlines.items() if name in shown}
         if allocation != self._last_allocation:
             self.samples.append(AllocationSample(at=snapshot.at, gpus=allocation))
             self._last_allocation = allocation

@@ -19,41 +19,26 @@ Two facts drive it:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field
+from enum import Enum
 
-from flows.training.control import FileControlChannel
-from scheduler_service.policy import Decision, Job, JobStatus, SchedulingPolicy, SchedulingRequest
+from scheduler_service.contracts import AllocationAction
+from scheduler_service.policy import Decision, JobStatus, SchedulingPolicy, SchedulingRequest
+from scheduler_service.worker.run_state import Phase, RunState, plan_deadline_mid_slot
 
-Phase = Literal["waiting", "running", "finished"]
+class ActionKind(str, Enum):
+    """What the worker must do: the first four are allocation changes (and
+    rows of the run's history), AWAIT shows a run not launched yet as waiting."""
 
-
-@dataclass(slots=True)
-class Run:
-    """One flow run the service has admitted (or is about to decide on)."""
-
-    run_id: str
-    job: Job
-    channel: FileControlChannel
-    phase: Phase = "waiting"
-    held: tuple[int, ...] = ()  # GPUs it may be using right now
-    target: tuple[int, ...] = ()  # where the policy wants it
-    commanded: tuple[int, ...] = ()  # the last GPU set it was told to use
-    pending_seq: int | None = None  # a command not yet acknowledged
-    since: float = 0.0  # last (re)start: the restart overhead is paid from here
-    share: int | None = None
-    adopted: bool = False  # admitted by an earlier life of the service: never rejected now
-    # Seconds kept in front of the deadline: the run's start (launch to first
-    # iteration) beyond the restart the plans charge, and the part of the slot
-    # already gone when it was decided. The policy sees `deadline - reserve`,
-    # users see `deadline`.
-    reserve: float = 0.0
-    stopping: bool = False  # told to stop (it was cancelled): never commanded again
+    LAUNCH = AllocationAction.LAUNCH.value
+    RESCALE = AllocationAction.RESCALE.value
+    PARK = AllocationAction.PARK.value
+    RELEASED = AllocationAction.RELEASED.value
+    AWAIT = "await"
 
     @property
-    def deadline(self) -> float | None:
-        """The user's deadline (the policy plans against it minus `reserve`)."""
-        return None if self.job.deadline is None else self.job.deadline + self.reserve
+    def allocation(self) -> AllocationAction | None:
+        return None if self is ActionKind.AWAIT else AllocationAction(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +46,7 @@ class Action:
     """What the worker must do to Prefect: launch a run, or show it waiting."""
 
     run_id: str
-    kind: Literal["launch", "rescale", "park", "released", "await"]
+    kind: ActionKind
     gpus: tuple[int, ...] = ()
 
 
@@ -71,14 +56,14 @@ class PlanResult:
     allocation: dict[str, int]
     projected_finish: dict[str, float]
     seconds: float  # wall time of the policy call
-    arrivals: dict[str, Run] = field(default_factory=dict)  # the runs these decisions are about
+    arrivals: dict[str, RunState] = field(default_factory=dict)  # the runs these decisions are about
 
 
 @dataclass
 class Scheduler:
     policy: SchedulingPolicy
-    runs: dict[str, Run] = field(default_factory=dict)
-    arrivals: list[Run] = field(default_factory=list)
+    runs: dict[str, RunState] = field(default_factory=dict)
+    arrivals: list[RunState] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     last_slot: int | None = None
     # GPUs held by the service itself (profiling a new model): no run is
@@ -86,10 +71,10 @@ class Scheduler:
     reserved: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     # -- inputs ----------------------------------------------------------------
-    def arrive(self, run: Run) -> None:
+    def arrive(self, run: RunState) -> None:
         self.arrivals.append(run)
 
-    def adopt(self, run: Run, running: bool = True, cancelled: bool = False) -> None:
+    def adopt(self, run: RunState, running: bool = True, cancelled: bool = False) -> None:
         """A run an earlier life of the service admitted, found after a restart:
         running (it is re-planned with its real status and stays on its GPUs if
         its width holds) or still waiting for GPUs. If the policy no longer
@@ -97,7 +82,7 @@ class Scheduler:
         rejected afterwards. A running one `cancelled` meanwhile is never planned:
         it is told to stop and holds its GPUs until it does."""
         run.adopted = True
-        run.phase = "running" if running else "waiting"
+        run.phase = Phase.RUNNING if running else Phase.WAITING
         if running and cancelled:
             self.runs[run.run_id] = run
             self.stop(run.run_id)
@@ -109,10 +94,15 @@ class Scheduler:
     def finish(self, run_id: str) -> None:
         """The run's flow process exited: every GPU it had is free."""
         run = self.runs.get(run_id)
-        if run is None or run.phase == "finished":
+        if run is None or run.phase == Phase.FINISHED:
             return
-        run.phase, run.held, run.target, run.pending_seq = "finished", (), (), None
+        run.phase, run.held, run.target, run.pending_seq = Phase.FINISHED, (), (), None
         self.finished.append(run_id)
+
+    def withdraw(self, run_id: str) -> None:
+        """A run not decided yet that is gone (rejected by the service, or
+        cancelled before the policy saw it): it must not be planned."""
+        self.arrivals = [run for run in self.arrivals if run.run_id != run_id]
 
     def stop(self, run_id: str) -> bool:
         """Tell a running run to checkpoint and end (it was cancelled). The policy
@@ -120,7 +110,7 @@ class Scheduler:
         GPUs stay held until it acknowledges, as for a park, and no later command
         can supersede the stop. False if it is not running."""
         run = self.runs.get(run_id)
-        if run is None or run.phase != "running":
+        if run is None or run.phase != Phase.RUNNING:
             return False
         if not run.stopping:
             run.pending_seq, run.stopping, run.target = run.channel.request("stop").seq, True, ()
@@ -139,13 +129,10 @@ class Scheduler:
         out = {}
         for run in [*self.runs.values(), *self.arrivals]:
             run_id = run.run_id
-            if run.phase == "finished" or run.stopping:
+            if run.phase == Phase.FINISHED or run.stopping:
                 continue
-            done = 0
-            if run.phase == "running":
-                status = run.channel.status() or {}
-                done = int(status.get("iteration") or 0)  # type: ignore[call-overload]
-            gpus = len(run.commanded) if run.phase == "running" else 0
+            done = run.iterations_done()
+            gpus = len(run.commanded) if run.phase == Phase.RUNNING else 0
             overhead_left = max(0.0, self.policy.clock.overhead(gpus) - (now - run.since)) if gpus else 0.0
             since_boundary = run.job.curve.speed(gpus) * elapsed if gpus else 0.0
             out[run_id] = JobStatus(max(0.0, run.job.iterations - done + since_boundary), gpus, overhead_left)
@@ -161,9 +148,8 @@ class Scheduler:
         arrivals, self.arrivals = self.arrivals, []
         elapsed = now - self.last_slot * self.policy.clock.interval
         for run in arrivals:  # planned from the boundary: what is gone of this slot is not theirs
-            if run.job.deadline is not None and elapsed > 0 and not run.adopted:
-                run.job = replace(run.job, deadline=run.job.deadline - elapsed)
-                run.reserve += elapsed
+            if not run.adopted and elapsed > 0:
+                run.plan_with(plan_deadline_mid_slot(run.plan_deadline, elapsed))
         finished, self.finished = self.finished, []
         status = self.status(now)
         started = time.perf_counter()
@@ -178,10 +164,10 @@ class Scheduler:
                 run.share = admitted[run.run_id].share
                 self.runs[run.run_id] = run
             elif run.run_id in adopted:  # next slot, as best-effort
-                run.job = replace(run.job, deadline=None)
+                run.plan_with(None)
                 self.arrivals.append(run)
         for run_id in finished:
-            if run_id in self.runs and self.runs[run_id].phase == "finished":  # a stopping run still holds GPUs
+            if run_id in self.runs and self.runs[run_id].phase == Phase.FINISHED:  # a stopping run still holds GPUs
                 del self.runs[run_id]
         for run_id, run in self.runs.items():
             gpus = reply.allocation.get(run_id, 0)
@@ -193,41 +179,41 @@ class Scheduler:
     # -- placement -> physical GPUs, every poll --------------------------------
     def actuate(self, now: float) -> list[Action]:
         actions: list[Action] = []
-        active = [r for r in self.runs.values() if r.phase != "finished"]
+        active = [r for r in self.runs.values() if r.phase != Phase.FINISHED]
         for run in active:  # acknowledgements release what the run gave up
             if run.pending_seq is not None:
                 ack = run.channel.acknowledged()
                 if ack is not None and ack.seq >= run.pending_seq:
                     run.pending_seq, run.held = None, tuple(ack.gpus)
                     if not run.held:
-                        actions.append(Action(run.run_id, "released"))
+                        actions.append(Action(run.run_id, ActionKind.RELEASED))
 
-        def held_by_others(run: Run) -> set[int]:
+        def held_by_others(run: RunState) -> set[int]:
             return {g for r in active if r is not run for g in r.held} | self.reserved_gpus()
 
-        def wanted_by_others(run: Run) -> set[int]:
+        def wanted_by_others(run: RunState) -> set[int]:
             return {g for r in active if r is not run for g in r.target}
 
-        for run in [r for r in active if r.phase == "running" and r.pending_seq is None and not r.stopping]:
+        for run in [r for r in active if r.phase == Phase.RUNNING and r.pending_seq is None and not r.stopping]:
             if run.target == run.commanded:
                 continue
             if run.target and not set(run.target) & held_by_others(run):
                 self._command(run, run.target, now)
                 run.held = tuple(sorted(set(run.held) | set(run.target)))
-                actions.append(Action(run.run_id, "rescale", run.target))
+                actions.append(Action(run.run_id, ActionKind.RESCALE, run.target))
             elif run.commanded and (not run.target or set(run.commanded) & wanted_by_others(run)):
                 self._command(run, (), now)
-                actions.append(Action(run.run_id, "park"))
-        for run in sorted((r for r in active if r.phase == "waiting"), key=lambda r: (r.job.submit_time, r.run_id)):
+                actions.append(Action(run.run_id, ActionKind.PARK))
+        for run in sorted((r for r in active if r.phase == Phase.WAITING), key=lambda r: (r.job.submit_time, r.run_id)):
             if run.target and not set(run.target) & held_by_others(run):
-                run.phase, run.held = "running", run.target
+                run.phase, run.held = Phase.RUNNING, run.target
                 self._command(run, run.target, now)
-                actions.append(Action(run.run_id, "launch", run.target))
+                actions.append(Action(run.run_id, ActionKind.LAUNCH, run.target))
             else:
-                actions.append(Action(run.run_id, "await", run.target))
+                actions.append(Action(run.run_id, ActionKind.AWAIT, run.target))
         return actions
 
-    def _command(self, run: Run, gpus: tuple[int, ...], now: float) -> None:
+    def _command(self, run: RunState, gpus: tuple[int, ...], now: float) -> None:
         command = run.channel.request("rescale", list(gpus))
         run.pending_seq, run.commanded, run.since = command.seq, gpus, now
 
@@ -238,7 +224,7 @@ class Scheduler:
     def free_block(self, num_gpus: int, largest: int) -> tuple[int, ...]:
         """The largest aligned power-of-two block, at most `largest` GPUs, that no
         run holds or is placed on and nothing reserved: () if none."""
-        busy = self.reserved_gpus() | {g for r in self.runs.values() if r.phase != "finished"
+        busy = self.reserved_gpus() | {g for r in self.runs.values() if r.phase != Phase.FINISHED
                                         for g in (*r.held, *r.target)}
         size = 1 << (max(1, min(largest, num_gpus)).bit_length() - 1)
         while size >= 1:

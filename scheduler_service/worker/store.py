@@ -22,6 +22,11 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def aware(moment: datetime) -> datetime:
+    """A time read back from the store; SQLite hands it back naive, though it was written in UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 class RunRecord(SQLModel, table=True):
     __tablename__ = "ef_job"
 
@@ -59,7 +64,7 @@ class AllocationRecord(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     flow_run_id: str = Field(index=True)
     at: datetime = Field(default_factory=_now)
-    action: str  # launch | rescale | park | release
+    action: str  # an AllocationAction: launch | rescale | park | stop | released | release
     gpus: str = ""
 
 
@@ -84,9 +89,13 @@ class ServiceStore:
             session.add(record)
             session.commit()
 
-    def jobs(self) -> list[RunRecord]:
+    def jobs(self, status: tuple[str, ...] | None = None) -> list[RunRecord]:
+        """Every run's row, oldest first; only those in `status` if given."""
         with Session(self.engine) as session:
-            return list(session.exec(select(RunRecord).order_by(RunRecord.submitted_at)).all())
+            query = select(RunRecord)
+            if status:
+                query = query.where(RunRecord.status.in_(status))  # type: ignore[attr-defined]
+            return list(session.exec(query.order_by(RunRecord.submitted_at)).all())
 
     def decisions(self, flow_run_id: str | None = None) -> list[DecisionRecord]:
         with Session(self.engine) as session:

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from scheduler_service.contracts import Rejection
 from elasticflow_block.deadline import (
     DownstreamStep,
     HistoryPolicy,
@@ -22,7 +23,6 @@ from elasticflow_block.pipeline import (
     TrainingRejected,
     TrainRequest,
     _split_downstream,
-    parse_rejection,
     train_model,
 )
 
@@ -121,12 +121,17 @@ def test_sla_without_a_zone_or_unreadable_is_refused(value: object) -> None:
 
 
 def test_rejection_messages_parse_into_reason_and_earliest_deadline() -> None:
-    reason, earliest = parse_rejection(
+    rejection = Rejection.from_state_message(
         "infeasible_even_on_an_idle_cluster: 10000000 iterations need 77.2 h on 2 GPUs; "
         "earliest feasible deadline 2026-12-03T20:12:00.500000+00:00"
     )
+    reason, earliest = rejection.reason, rejection.earliest_feasible_deadline
     assert reason == "infeasible_even_on_an_idle_cluster"
     assert earliest == datetime(2026, 12, 3, 20, 12, 0, 500000, tzinfo=timezone.utc)
+    def parse_rejection(message: str | None) -> tuple[str, datetime | None]:
+        rejection = Rejection.from_state_message(message)
+        return rejection.reason, rejection.earliest_feasible_deadline
+
     assert parse_rejection("invalid_parameters: iterations: must be >= 1") == ("invalid_parameters", None)
     assert parse_rejection("something odd happened") == ("unknown", None)
     assert parse_rejection(None) == ("unknown", None)

@@ -114,7 +114,7 @@ def test_control_channel_parks_then_moves_a_running_job(
     assert result.rescales[0].cause == "control"
     assert result.rescales[0].seconds is None  # time parked is not rescale cost
     status = channel.status()
-    assert status["iteration"] == N and status["event"] == "completed"
+    assert status is not None and status.iteration == N and status.event == "completed"
     assert_same_trajectory(result.losses, reference())
 
 

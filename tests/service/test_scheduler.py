@@ -10,7 +10,8 @@ from flows.training.control import ControlAck, FileControlChannel
 from scheduler_service.policy import Job, ThroughputCurve, Topology
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.overhead import RestartOverhead
-from scheduler_service.worker.scheduler import Run, Scheduler
+from scheduler_service.worker.run_state import RunState
+from scheduler_service.worker.scheduler import Scheduler
 
 T0 = 1000.0  # the policy takes seconds since the service started, not epoch seconds
 CURVE = ThroughputCurve({1: 20.0, 2: 36.0})
@@ -21,17 +22,17 @@ def _scheduler() -> Scheduler:
     return Scheduler(policy)
 
 
-def _run(tmp: Path, run_id: str, now: float, iterations: float, deadline: float | None) -> Run:
-    return Run(run_id, Job(run_id, now, iterations, deadline, CURVE), FileControlChannel(run_id, tmp))
+def _run(tmp: Path, run_id: str, now: float, iterations: float, deadline: float | None) -> RunState:
+    return RunState(run_id, Job(run_id, now, iterations, deadline, CURVE), FileControlChannel(run_id, tmp))
 
 
-def _ack(run: Run, iteration: int = 0) -> None:
+def _ack(run: RunState, iteration: int = 0) -> None:
     command = run.channel.latest()
     assert command is not None
     run.channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=command.gpus or []))
 
 
-def _alone_on_both(tmp: Path) -> tuple[Scheduler, Run]:
+def _alone_on_both(tmp: Path) -> tuple[Scheduler, RunState]:
     """A scheduler whose one run, "a", trains on both GPUs."""
     sched = _scheduler()
     a = _run(tmp, "a", T0, 4000, T0 + 600)
@@ -135,7 +136,7 @@ def test_a_run_adopted_after_a_restart_keeps_its_gpus_until_it_gives_them_up(tmp
     a.channel.request("rescale", [0, 1])  # what the previous service instance told it
     _ack(a, iteration=1000)
     a.channel.publish_status({"iteration": 1000})
-    sched.adopt(Run("a", a.job, a.channel, held=(0, 1), commanded=(0, 1)))
+    sched.adopt(RunState("a", a.job, a.channel, held=(0, 1), commanded=(0, 1)))
     b = _run(tmp_path, "b", T0, 20 * 36, T0 + 40)
     sched.arrive(b)
     result = sched.plan(T0)
@@ -158,7 +159,7 @@ def test_an_adopted_run_the_policy_no_longer_guarantees_carries_on_best_effort(t
     late = _run(tmp_path, "late", T0 - 100, 10**6, T0 + 10)  # cannot make it any more
     late.channel.request("rescale", [0])
     _ack(late)
-    sched.adopt(Run("late", late.job, late.channel, held=(0,), commanded=(0,)))
+    sched.adopt(RunState("late", late.job, late.channel, held=(0,), commanded=(0,)))
     result = sched.plan(T0)
     assert result is not None and result.decisions == []  # never reported as rejected
     result = sched.plan(T0 + 2)
@@ -171,7 +172,7 @@ def test_a_run_adopted_after_a_restart_stays_on_the_gpus_it_holds(tmp_path: Path
     # Found training on GPUs 2,3 by a freshly started service; alone, a fresh
     # placement would put a 2-GPU job on 0,1 and move it (a restart for nothing).
     curve = ThroughputCurve({1: 20.0, 2: 36.0})
-    adopted = Run("a", Job("a", T0, 4000, T0 + 600, curve), FileControlChannel("a", tmp_path),
+    adopted = RunState("a", Job("a", T0, 4000, T0 + 600, curve), FileControlChannel("a", tmp_path),
                   held=(2, 3), commanded=(2, 3))
     sched.adopt(adopted)
     result = sched.plan(T0)
@@ -200,7 +201,7 @@ def test_gpus_reserved_for_profiling_are_not_handed_out_until_given_back(tmp_pat
 def test_the_free_block_for_profiling_is_aligned_and_skips_gpus_runs_hold(tmp_path: Path) -> None:
     policy = ElasticFlowPolicy(Topology(1, 1, 8), interval=2.0, overhead=RestartOverhead(0.5, 0.5, 0.0))
     sched = Scheduler(policy)
-    busy = Run("x", Job("x", T0, 10, None, CURVE), FileControlChannel("x", tmp_path), phase="running", held=(2,))
+    busy = RunState("x", Job("x", T0, 10, None, CURVE), FileControlChannel("x", tmp_path), phase="running", held=(2,))
     sched.runs["x"] = busy
     assert sched.free_block(8, largest=4) == (4, 5, 6, 7)
     sched.reserved["p"] = (4, 5, 6, 7)
@@ -211,7 +212,7 @@ def test_a_waiting_run_admitted_before_a_restart_is_launched_not_decided_again(t
     sched = _scheduler()
     # Admitted by the service's previous life with more room than it would get
     # now (its deadline is too close for a fresh admission): it keeps its place.
-    waiting = Run("w", Job("w", T0 - 100, 36 * 600, T0 + 30, CURVE), FileControlChannel("w", tmp_path), share=2)
+    waiting = RunState("w", Job("w", T0 - 100, 36 * 600, T0 + 30, CURVE), FileControlChannel("w", tmp_path), share=2)
     sched.adopt(waiting, running=False)
     for now in (T0, T0 + 2):  # the policy cannot promise it now: next slot it goes on best-effort
         result = sched.plan(now)

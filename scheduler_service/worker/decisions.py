@@ -1,0 +1,132 @@
+"""The scheduler's decisions and actions, told to Prefect and to the store:
+an admission (state, labels, event, history), a rejection (with the reason
+and the earliest deadline on the user's clock), and each allocation change.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from scheduler_service.contracts import AllocationAction, Rejection, StateName
+from scheduler_service.policy import Decision
+from scheduler_service.worker.publish import gpus_label, iso
+from scheduler_service.worker.run_state import RunState
+from scheduler_service.worker.scheduler import Action, ActionKind, PlanResult
+from scheduler_service.worker.store import AllocationRecord, DecisionRecord
+
+if TYPE_CHECKING:
+    from scheduler_service.worker.worker import ElasticFlowWorker
+
+log = logging.getLogger("prefect.workers.elasticflow.decisions")  # shown with the worker's own lines
+
+PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
+
+
+async def reject(worker: ElasticFlowWorker, flow_run: Any, rejection: Rejection,
+                 decision_s: float | None = None) -> None:
+    """The run is not admitted: Rejected, in the store, in its own logs; it is forgotten."""
+    run_id, text = str(flow_run.id), rejection.state_message()
+    await worker.publisher.rejected(run_id, rejection)
+    worker.store.upsert_job(run_id, flow_run_name=flow_run.name, status="rejected", message=text)
+    worker.store.add(DecisionRecord(
+        flow_run_id=run_id, admitted=False, reason=rejection.reason, message=rejection.message,
+        earliest_feasible_deadline=rejection.earliest_feasible_deadline,
+        decision_ms=None if decision_s is None else decision_s * 1000))
+    log.info("rejected flow run %s: %s", run_id, text)
+    try:  # also in the run's own logs, the tab its page opens on
+        worker.get_flow_run_logger(flow_run).warning("ElasticFlow rejected this run: %s", text)
+    except Exception:
+        pass
+    worker.forget(run_id)
+
+
+def rejection_of(worker: ElasticFlowWorker, decision: Decision, run: RunState) -> Rejection:
+    """The policy's rejection on the user's clock, saying what a start costs here when that mattered."""
+    message = decision.message
+    if run.deadline is not None and worker.start_cost.reserve():
+        message += f" (a run takes about {worker.start_cost.startup_s():.0f} s to start here)"
+    earliest = decision.earliest_feasible_deadline
+    return Rejection.of(decision.reason.value if decision.reason else "rejected", message,
+                        None if earliest is None else run.to_user_time(earliest))
+
+
+async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> None:
+    if result.decisions:
+        worker.decision_seconds.append(result.seconds)
+    for run_id, finish in result.projected_finish.items():
+        run = worker.runs.get(run_id)
+        if run is not None:
+            run.projected_finish = finish
+    for decision in result.decisions:
+        if decision.admitted and decision.job_id in worker.runs:
+            await _admitted(worker, worker.runs[decision.job_id], decision, result, now)
+    # A burst of arrivals is decided in one policy call; telling Prefect is
+    # what takes time (a state, an event per run), so rejections go out
+    # together, a few requests at a time.
+    gate = anyio.Semaphore(PUBLISH_CONCURRENCY)
+
+    async def one(decision: Decision, run: RunState) -> None:
+        async with gate:
+            await reject(worker, run.flow_run, rejection_of(worker, decision, run), result.seconds)
+
+    async with anyio.create_task_group() as group:
+        for decision in result.decisions:
+            run = worker.runs.get(decision.job_id)
+            if not decision.admitted and run is not None:
+                group.start_soon(one, decision, run)
+
+
+async def _admitted(worker: ElasticFlowWorker, run: RunState, decision: Decision, result: PlanResult,
+                    now: float) -> None:
+    share = decision.share
+    worker.store.add(DecisionRecord(flow_run_id=run.run_id, admitted=True, message=decision.message, share=share,
+                                    decision_ms=result.seconds * 1000))
+    worker.store.upsert_job(run.run_id, status="admitted", share=share, message=decision.message)
+    await worker.publisher.labels(run.run_id, {"elasticflow.mss": share if share is not None else "best-effort",
+                                               "elasticflow.admission": "admitted"})
+    worker.publisher.event(run.run_id, "elasticflow.decision", {
+        "admitted": True, "guaranteed": decision.guaranteed, "mss": share, "message": decision.message,
+        "guaranteed_finish": iso(decision.guaranteed_finish), "decision_ms": round(result.seconds * 1000, 3),
+        "allocation": result.allocation.get(run.run_id, 0),
+    })
+    logger = worker.get_flow_run_logger(run.flow_run) if run.flow_run is not None else log
+    logger.info("ElasticFlow: %s", decision.message)
+    if run.response is not None:
+        await worker.publisher.waiting_state(run, StateName.ADMITTED, now, decision.message)
+    await worker.publisher.history(run, AllocationAction.ADMITTED, (), share=share,
+                                   guaranteed_finish=decision.guaranteed_finish)
+
+
+async def apply(worker: ElasticFlowWorker, action: Action, now: float) -> bool:
+    """Show an action in Prefect and the store; True if the run is to be launched now."""
+    run = worker.runs.get(action.run_id)
+    if run is None:
+        return False
+    if action.kind is ActionKind.AWAIT:
+        if run.response is not None:
+            why = "waiting for its GPUs to be released" if action.gpus else "waiting for spare GPUs"
+            await worker.publisher.waiting_state(run, StateName.WAITING, now, why)
+        return False
+    allocation = action.kind.allocation
+    assert allocation is not None
+    gpus = gpus_label(action.gpus)
+    worker.store.add(AllocationRecord(flow_run_id=run.run_id, action=allocation.value, gpus=gpus))
+    await worker.publisher.history(run, allocation, action.gpus)
+    if allocation is AllocationAction.RELEASED:
+        worker.store.upsert_job(run.run_id, gpus="")
+        return False
+    nodes = worker.cluster.nodes_of(action.gpus)
+    worker.store.upsert_job(run.run_id, status="running", gpus=gpus)
+    await worker.publisher.labels(run.run_id, {"elasticflow.gpus": gpus, "elasticflow.world_size": len(action.gpus),
+                                               "elasticflow.nodes": ",".join(nodes)})
+    worker.publisher.event(run.run_id, "elasticflow.allocation.changed", {
+        "action": allocation.value, "gpus": list(action.gpus), "world_size": len(action.gpus), "nodes": nodes,
+    }, nodes=nodes)
+    if allocation is AllocationAction.LAUNCH:
+        run.launched_at = time.time()
+        return True
+    return False

@@ -1,0 +1,112 @@
+"""The one place a flow run becomes a policy `Job`: its parameters validated
+as the flow will validate them, its length counted, its throughput curve cut
+to the GPU counts it can use.
+
+Pure but for reading a dataset to count its epochs: no Prefect client, no
+store, so it is tested without a server. Anything wrong with a run is an
+`InvalidRun` whose message names the field: the worker rejects that run and
+goes on with the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from flows.training.control import FileControlChannel
+from scheduler_service.policy import Job, ThroughputCurve
+from scheduler_service.worker.run_state import Phase, RunState, plan_deadline_with_reserve
+
+NO_SPEED = {1: 1e-9}  # a curve with nothing measurable: the policy finds no usable GPU count
+
+
+class InvalidRun(ValueError):
+    """A flow run the service cannot schedule; the message says why, naming the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a run asks for, validated."""
+
+    params: Any  # flows.training.params.TrainParameters
+    iterations: float
+    deadline: float | None  # the user's, epoch seconds; None: best-effort
+
+    @property
+    def model(self) -> str:
+        return self.params.model
+
+    @property
+    def batch_size(self) -> int:
+        return self.params.hyperparameters.global_batch_size
+
+    @property
+    def profile_key(self) -> tuple[str, int, str]:
+        """Runs that share a throughput curve (and so one profiling)."""
+        return (self.params.model, self.batch_size, self.params.device)
+
+
+def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
+    """Validate a run's parameters like the flow will. A deadline already
+    past is not an error here: it reaches the policy, whose rejection says
+    so and names the earliest deadline that would be met."""
+    from pydantic import ValidationError
+
+    from flows.training.datasets import load_dataset
+    from flows.training.params import TrainParameters
+
+    raw = {k: v for k, v in (parameters or {}).items() if v is not None}
+    try:
+        params = TrainParameters.model_validate(
+            raw, context={"admitted": True, "now": datetime.fromtimestamp(now, timezone.utc)})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'parameters'}: "
+                             f"{str(e['msg']).removeprefix('Value error, ')}"
+                             for e in exc.errors(include_url=False))
+        raise InvalidRun(problems) from None
+    iterations = params.iterations
+    if iterations is None:
+        try:
+            iterations = params.total_iterations(len(load_dataset(params.dataset)))
+        except Exception as exc:  # a dataset that cannot be read to count its epochs
+            raise InvalidRun(f"dataset: {type(exc).__name__}: {exc}") from None
+    deadline = None if params.deadline is None else params.deadline.timestamp()
+    return Request(params, float(iterations), deadline)
+
+
+def usable_points(points: dict[int, float], batch_size: int, max_job_gpus: int) -> dict[int, float]:
+    """The GPU counts a run can use: no more GPUs than samples in a global batch."""
+    limit = min(batch_size, max_job_gpus)
+    return {g: s for g, s in points.items() if g <= limit and s > 0}
+
+
+def policy_job(run_id: str, submit_time: float, iterations: float, plan_deadline: float | None,
+               points: dict[int, float], model: str, batch_size: int, max_job_gpus: int) -> Job:
+    """The policy's job for a flow run (a new one, or one adopted after a restart)."""
+    try:
+        curve = ThroughputCurve(usable_points(points, batch_size, max_job_gpus) or NO_SPEED)
+    except ValueError:
+        curve = ThroughputCurve(NO_SPEED)
+    return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=plan_deadline, curve=curve,
+               model=model, batch_size=batch_size)
+
+
+def new_run(run_id: str, name: str, request: Request, control_root: str, now: float) -> RunState:
+    """A run taken in, before its throughput is known (Profiling) or once it is."""
+    job = policy_job(run_id, now, request.iterations, request.deadline, NO_SPEED, request.model,
+                     request.batch_size, max_job_gpus=1)
+    return RunState(run_id, job, FileControlChannel(run_id, request.params.control_dir or control_root),
+                    phase=Phase.PROFILING, deadline=request.deadline, name=name, params=request, taken_in_at=now)
+
+
+def ready(run: RunState, points: dict[int, float], max_job_gpus: int, launch_reserve_s: float,
+          now: float) -> RunState:
+    """The run with its throughput curve and its plan deadline: handed to the
+    scheduler, which decides at once."""
+    request: Request = run.params
+    run.job = policy_job(run.run_id, now, request.iterations,
+                         plan_deadline_with_reserve(run.deadline, launch_reserve_s), points, request.model,
+                         request.batch_size, max_job_gpus)
+    run.phase = Phase.WAITING
+    return run

@@ -1,0 +1,145 @@
+"""Profiling a model on first use: its throughput at each GPU count, measured
+on GPUs nobody uses, before the runs that need it can be decided.
+
+Measurements run in a thread (a profile is real DDP processes and takes
+seconds); the GPUs they use are reserved in the scheduler meanwhile, so no
+run is launched or grown onto them. On a busy cluster a profile waits, or
+measures the GPU counts that are free (more: `elasticflow profile`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_service.contracts import ServiceReason
+from scheduler_service.worker.intake import Request, usable_points
+from scheduler_service.worker.run_state import RunState
+from scheduler_service.worker.scheduler import Scheduler
+
+log = logging.getLogger("prefect.workers.elasticflow.profiling")  # shown with the worker's own lines
+
+Key = tuple[str, int, str]  # model, global batch size, device
+Measure = Callable[[Request, list[int]], dict[int, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A run whose wait in Profiling is over: its curve, or why there is none."""
+
+    run: RunState
+    points: dict[int, float] | None
+    reason: ServiceReason | None = None
+    message: str = ""
+
+
+def _name(key: Key) -> str:
+    return f"profiling {key[0]}@{key[1]}"
+
+
+class Profiler:
+    def __init__(self, scheduler: Scheduler, measure: Measure, num_gpus: int, max_job_gpus: int, device: str,
+                 timeout_s: float) -> None:
+        self.scheduler = scheduler
+        self.measure = measure
+        self.num_gpus, self.max_job_gpus, self.device = num_gpus, max_job_gpus, device
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticflow-profile")
+        self._running: dict[Key, Future[dict[int, float]]] = {}
+        self._queued: dict[Key, Request] = {}  # waiting for free GPUs to measure on
+        self._blocked: set[Key] = set()  # already logged as waiting for GPUs
+        self.waiting: dict[str, RunState] = {}  # runs in Profiling
+
+    def wait_for(self, run: RunState) -> None:
+        request: Request = run.params
+        if request.profile_key not in self._running:
+            self._queued.setdefault(request.profile_key, request)
+        self.waiting[run.run_id] = run
+
+    def forget(self, run_id: str) -> None:
+        self.waiting.pop(run_id, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def poll(self, now: float) -> list[Outcome]:
+        """Start what can start, and the runs whose wait is over."""
+        for key, future in self._running.items():  # done: its GPUs go back to the runs
+            if future.done():
+                self.scheduler.reserved.pop(_name(key), None)
+        self._start()
+        out = []
+        for run_id, run in list(self.waiting.items()):
+            request: Request = run.params
+            future = self._running.get(request.profile_key)
+            if future is None and now - run.taken_in_at > self.timeout_s:
+                # Never started: the GPUs stayed busy. A profile that started ends
+                # by itself (it has the same timeout) and is reported below.
+                del self.waiting[run_id]
+                out.append(Outcome(run, None, ServiceReason.PROFILING_FAILED, (
+                    f"no GPUs were free to profile {request.model} at global batch {request.batch_size} for "
+                    f"{now - run.taken_in_at:.0f} s (held: {self.holders()}); submit it again later, or measure "
+                    "it first with `elasticflow profile`")))
+                continue
+            if future is None or not future.done():
+                continue
+            del self.waiting[run_id]
+            try:
+                points = usable_points(future.result(), request.batch_size, self.max_job_gpus)
+            except Exception as exc:  # profiling is the user's model running: any error is theirs to see
+                out.append(Outcome(run, None, ServiceReason.PROFILING_FAILED, f"{type(exc).__name__}: {exc}"))
+                continue
+            out.append(Outcome(run, points))
+        needed = {run.params.profile_key for run in self.waiting.values()}
+        for key in [k for k, f in self._running.items() if f.done() and k not in needed]:
+            del self._running[key]
+        for key in [k for k in self._queued if k not in needed]:  # its runs gave up waiting
+            del self._queued[key]
+        self._blocked &= set(self._queued)
+        return out
+
+    def _start(self) -> None:
+        for key, request in list(self._queued.items()):
+            top = min(self.max_job_gpus, request.batch_size, 4 if self.device == "cpu" else self.max_job_gpus)
+            gpus = self.scheduler.free_block(self.num_gpus, top)
+            if not gpus:
+                if key not in self._blocked:
+                    self._blocked.add(key)
+                    log.info("profiling %s@%s waits for free GPUs (held: %s)", key[0], key[1], self.holders())
+                continue
+            self._blocked.discard(key)
+            del self._queued[key]
+            self.scheduler.reserved[_name(key)] = gpus
+            log.info("%s on GPUs %s", _name(key), ",".join(map(str, gpus)))
+            self._running[key] = self._pool.submit(self.measure, request, list(gpus))
+
+    def holders(self) -> str:
+        """Who holds which GPU, for messages about GPUs that are not free."""
+        return ", ".join(f"{gpu}: {holder}" for gpu, holder in sorted(self.scheduler.gpu_map().items())) or "none"
+
+    def sizes(self) -> dict[str, int]:
+        return {"waiting": len(self.waiting), "running": len(self._running), "queued": len(self._queued),
+                "blocked": len(self._blocked)}
+
+
+def measure_in_processes(device: str, iterations: int, timeout_s: float) -> Measure:
+    """The real measurement: DDP processes of the user's model on the given GPUs,
+    saved to the store for the next run of the same model and batch."""
+    def measure(request: Request, gpus: list[int]) -> dict[int, float]:
+        from flows.training.profiler import profile_throughput
+        from scheduler_service.store import save_curve
+
+        params: Any = request.params
+        counts = [1 << k for k in range(len(gpus).bit_length())]
+        curve = profile_throughput(
+            params.model, request.batch_size, counts, iterations=iterations, warmup=min(3, iterations - 2),
+            device=device, model_kwargs=params.model_kwargs,
+            dataset=params.dataset.model_dump() if params.dataset is not None else None, gpu_ids=gpus,
+            timeout_s=timeout_s)
+        save_curve(params.model, request.batch_size, curve, device=device)
+        return curve
+
+    return measure

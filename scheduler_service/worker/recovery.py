@@ -1,0 +1,112 @@
+"""After a worker restart: the runs an earlier life of the service admitted.
+
+Runs the store says were admitted and Prefect says are still running (their
+flow processes outlive the worker) are adopted with the GPUs they hold (the
+last command and acknowledgement of their control channel), so no GPU is
+handed out twice. Runs still waiting are taken in again as new arrivals;
+finished ones are closed in the store, with a release row dated when they
+ended if they held GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID
+
+from flows.training.control import FileControlChannel
+from scheduler_service.contracts import AllocationAction
+from scheduler_service.worker.intake import policy_job
+from scheduler_service.worker.run_state import Phase, RunState
+from scheduler_service.worker.store import AllocationRecord, RunRecord, ServiceStore, aware
+
+log = logging.getLogger("prefect.workers.elasticflow.recovery")  # shown with the worker's own lines
+
+ADOPTED_SINCE_S = 3600.0  # an adopted run's restart is long paid
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """How a stored run stands in Prefect, reduced to what adoption needs."""
+
+    final: bool  # ended (or gone from Prefect)
+    running: bool  # its process may be training (Running, Pending, or Cancelling)
+    cancelling: bool
+    scheduled: bool
+    ended_at: datetime | None = None
+    control_dir: str | None = None
+
+
+def found_in(flow_run: Any | None) -> Found:
+    state = flow_run.state if flow_run is not None else None
+    if flow_run is None or state is None or state.is_final():
+        return Found(final=True, running=False, cancelling=False, scheduled=False,
+                     ended_at=state.timestamp if state is not None else None)
+    return Found(final=False, running=state.is_running() or state.is_pending() or state.is_cancelling(),
+                 cancelling=state.is_cancelling(), scheduled=state.is_scheduled(),
+                 control_dir=(flow_run.parameters or {}).get("control_dir"))
+
+
+def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
+                now: float) -> RunState:
+    """The run as the scheduler must see it again: on the GPUs it may be
+    using (acknowledged, or commanded and not acknowledged yet)."""
+    channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
+    ack, command = channel.acknowledged(), channel.latest()
+    commanded = tuple(command.gpus or []) if command else ()
+    held = tuple(sorted(set(ack.gpus if ack else ()) | set(commanded)))
+    pending = command.seq if command and (ack is None or ack.seq < command.seq) else None
+    deadline = None if row.deadline is None else aware(row.deadline).timestamp()
+    job = policy_job(row.flow_run_id, aware(row.submitted_at).timestamp(), row.iterations, deadline, points,
+                     row.model, row.global_batch_size, max_job_gpus)
+    running = found.running
+    return RunState(row.flow_run_id, job, channel, held=held if running else (),
+                    commanded=commanded if running else (), pending_seq=pending if running else None,
+                    since=now - ADOPTED_SINCE_S, share=row.share, name=row.flow_run_name,
+                    foreign_process=running, phase=Phase.RUNNING if running else Phase.WAITING)
+
+
+async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int,
+                  now: float) -> list[tuple[RunState, Found]]:
+    """The runs to adopt, each with how Prefect has it; the store is brought up to date for the rest."""
+    from prefect.exceptions import ObjectNotFound
+
+    from scheduler_service.store import get_curve
+
+    adopted = []
+    for row in store.jobs(status=("admitted", "running")):
+        try:
+            flow_run = await client.read_flow_run(UUID(row.flow_run_id))
+        except ObjectNotFound:
+            flow_run = None
+        found = found_in(flow_run)
+        if found.final:
+            store.upsert_job(row.flow_run_id, status="finished", gpus="")
+            if row.status == "running":  # it ended while no worker watched: its GPUs went with it
+                store.add(AllocationRecord(flow_run_id=row.flow_run_id, action=AllocationAction.RELEASE.value,
+                                           gpus="", at=found.ended_at or datetime.now(timezone.utc)))
+            continue
+        if not found.running and not (found.scheduled and row.status == "admitted"):
+            store.upsert_job(row.flow_run_id, status="arrived")
+            continue  # not decided yet: taken in again by the next poll
+        points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
+        adopted.append((adopted_run(row, found, control_root, points, max_job_gpus, now), found))
+    return adopted
+
+
+def allocation_changes(store: ServiceStore, hours: float = 6.0) -> tuple[list[tuple[datetime, str, int]],
+                                                                          dict[str, datetime]]:
+    """The cluster plot's last hours from the store, so a restart does not wipe it:
+    (when, run name, GPUs held from then on) and each run's deadline."""
+    jobs = {row.flow_run_id: row for row in store.jobs()}
+
+    def name(run_id: str) -> str:
+        row = jobs.get(run_id)
+        return row.flow_run_name if row is not None and row.flow_run_name else run_id[:8]
+
+    rows = store.allocations(since=datetime.now(timezone.utc) - timedelta(hours=hours))
+    changes = [(aware(r.at), name(r.flow_run_id), len([g for g in r.gpus.split(",") if g])) for r in rows]
+    deadlines = {name(i): aware(row.deadline) for i, row in jobs.items() if row.deadline is not None}
+    return changes, deadlines

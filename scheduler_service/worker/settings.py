@@ -1,0 +1,110 @@
+"""The worker's settings: every `ELASTICFLOW_*` variable an operator sets,
+read once at start-up into one typed model.
+
+A bad value stops the worker at once with one line naming the variable and
+what it accepts, instead of a bare `ValueError` in the middle of a poll.
+`docs/service.md`'s table of variables is `settings_table()`'s output (a test
+keeps the two equal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "ELASTICFLOW_"
+
+
+class SettingsError(SystemExit):
+    """A setting the worker cannot start with; the message is one line for the operator."""
+
+
+def _setting(default: Any, meaning: str, shown: str | None = None, **constraints: Any) -> Any:
+    """A field with its meaning and the default as the docs table shows it."""
+    return Field(default=default, description=meaning,
+                 json_schema_extra={"shown": shown if shown is not None else str(default)}, **constraints)
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
+
+    home: Path = _setting(Path.home() / ".elasticflow", "store, control channels, checkpoints", "`~/.elasticflow`")
+    database_url: str | None = _setting(
+        None, "the service's store (any SQLAlchemy URL, e.g. `postgresql+psycopg://...`)",
+        "SQLite under `ELASTICFLOW_HOME`")
+    policy: str = _setting("elasticflow", "scheduling policy, by its registered name (`elasticflow simulate --help` "
+                           "lists them)", "`elasticflow`")
+    interval_s: float = _setting(5.0, "slot length: the policy re-plans once per slot, and when runs arrive", "5",
+                                 gt=0)
+    poll_s: float = _setting(1.0, "how often the worker looks for new runs and acts on plans (at most a slot)", "1",
+                             gt=0)
+    at_risk_s: float = _setting(
+        60.0, "a running run's deadline is at risk (cluster view, `elasticflow.deadline.at-risk` event) when its "
+        "projected finish comes within this of it; at least a slot", "60", ge=0)
+    warm_start: bool = _setting(True, "0: start every flow process cold instead of forking it from the warm-start "
+                                "server", "1")
+    restart_s: float = _setting(2.0, "restart cost the plans charge (+0.5 s to stop)", "2", ge=0)
+    launch_s: float | None = _setting(
+        None, "launch to first iteration of a new run; the part beyond a restart is kept in front of its deadline",
+        "15, raised by starts seen", ge=0)
+    profile_iterations: int = _setting(8, "iterations measured per GPU count when a model is profiled on first use",
+                                       "8", ge=3)
+    profile_timeout_s: float = _setting(
+        600.0, "longest a run waits in Profiling (GPUs to measure on, then the measurement)", "600", gt=0)
+    cluster: Path | None = _setting(None, "cluster file", "`infra/cluster.csv` or this machine")
+    cpu_slots: int | None = _setting(None, "worker slots on a CPU-only machine", "CPU count", ge=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from scheduler_service.policy import POLICIES
+
+        if name not in POLICIES:
+            raise ValueError(f"one of {', '.join(sorted(POLICIES))}")
+        return name
+
+    @property
+    def effective_poll_s(self) -> float:
+        return min(self.interval_s, self.poll_s)
+
+
+def _accepts(error: dict[str, Any]) -> str:
+    """What a failed field accepts, in words an operator reads."""
+    context = error.get("ctx") or {}
+    kind = error["type"]
+    if kind == "greater_than":
+        return f"a number greater than {context['gt']}"
+    if kind == "greater_than_equal":
+        return f"a number of at least {context['ge']}"
+    if kind in ("float_parsing", "float_type"):
+        return "a number"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "a whole number"
+    if kind in ("bool_parsing", "bool_type"):
+        return "1 or 0 (true or false)"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def load_settings(**overrides: Any) -> WorkerSettings:
+    """The settings from the environment (and `overrides`, for tests); a bad
+    value raises SettingsError with one line per variable at fault."""
+    try:
+        return WorkerSettings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors(include_url=False):
+            name = PREFIX + str(error["loc"][0]).upper() if error["loc"] else PREFIX + "*"
+            lines.append(f"{name}={error.get('input')!s}: expected {_accepts(error)}")
+        raise SettingsError("bad setting: " + "; ".join(lines)) from None
+
+
+def settings_table() -> str:
+    """The operator's table of variables, as docs/service.md shows it."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in WorkerSettings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        rows.append(f"| `{PREFIX}{name.upper()}` | {extra.get('shown')} | {field.description} |")
+    return "\n".join(rows)

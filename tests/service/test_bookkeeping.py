@@ -1,0 +1,113 @@
+"""The worker's own bookkeeping is the size of what is in flight: 10,000 runs
+taken in, admitted, launched and ended leave nothing behind that grows with
+their number. Prefect's API is replaced by a recorder here (what reaches
+Prefect is tested against a real server in test_worker.py); the worker's
+store is a real SQLite database, the control channels real files."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.pool import StaticPool
+from sqlmodel import create_engine
+
+from scheduler_service.worker import decisions, intake
+from scheduler_service.worker.publish import Publisher
+from scheduler_service.worker.store import ServiceStore
+
+pytestmark = pytest.mark.slow
+
+T0 = 1_000_000.0
+POINTS = {1: 100.0, 2: 190.0}
+
+
+class RecordingPublisher(Publisher):
+    """Counts what would go to Prefect, keeps nothing per run."""
+
+    def __init__(self) -> None:
+        super().__init__(client=None, related=list)
+        self.calls = 0
+
+    def event(self, *args: Any, **kwargs: Any) -> None:
+        self.calls += 1
+
+    async def labels(self, *args: Any) -> None:
+        self.calls += 1
+
+    async def waiting_state(self, *args: Any) -> None:
+        self.calls += 1
+
+    async def rejected(self, *args: Any) -> None:
+        self.calls += 1
+
+    async def history(self, run: Any, *args: Any, **kwargs: Any) -> None:
+        run.history.append({"action": str(args[0])})  # kept on the run: gone with it
+        self.calls += 1
+
+
+class _FlowRun:
+    def __init__(self, run_id: str) -> None:
+        self.id, self.name = run_id, f"run-{run_id}"
+
+
+def _worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from scheduler_service.worker.worker import ElasticFlowWorker
+
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(Path(__file__).parents[2] / "infra" / "local-cpu2.csv"))
+    worker = ElasticFlowWorker(work_pool_name="bookkeeping")
+    worker.store = ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
+                                              connect_args={"check_same_thread": False}))
+    worker.publisher = RecordingPublisher()
+    worker.get_flow_run_logger = lambda flow_run: worker._logger  # type: ignore[method-assign]
+    return worker
+
+
+async def _cycle(worker: Any, index: int, now: float) -> None:
+    """One run through take-in, decision, launch, acknowledgement and its end."""
+    from flows.training.control import ControlAck
+
+    run_id = f"{index:08d}"
+    request = intake.read_request({"model": "mlp", "iterations": 100, "deadline": "+1h"}, now)
+    run = intake.new_run(run_id, f"run-{run_id}", request, str(worker.settings.home / "control"), now)
+    run.flow_run = run.response = _FlowRun(run_id)
+    worker.runs[run_id] = run
+    worker._ready(run, POINTS, now)
+    result = worker.scheduler.plan(now)
+    if result is not None:
+        await decisions.publish(worker, result, now)
+    for action in worker.scheduler.actuate(now):
+        await decisions.apply(worker, action, now)
+    command = run.channel.latest()
+    if command is not None:
+        run.channel.acknowledge(ControlAck(seq=command.seq, iteration=100, gpus=command.gpus or []))
+    worker.view.due(worker.view.snapshot(worker.runs, now), now)
+    await worker.finished(run_id)
+
+
+def test_ten_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _worker(tmp_path, monkeypatch)
+
+    async def drive(first: int, last: int) -> None:
+        for i in range(first, last):
+            await _cycle(worker, i, T0 + 10.0 * i)  # a slot apart: every plan is a fresh one
+
+    asyncio.run(drive(0, 5_000))
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    sizes_before = worker.bookkeeping()
+    asyncio.run(drive(5_000, 10_000))
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    sizes = worker.bookkeeping()
+    print(f"bookkeeping after 5,000 runs {sizes_before}, after 10,000 {sizes}; "
+          f"memory grown over the last 5,000: {grown / 1024:.0f} KiB")
+    assert worker.publisher.calls > 10_000 * 5  # they really went through admission and launch
+    assert sizes == sizes_before  # nothing per ended run stays (recent ids are capped)
+    assert sizes["runs"] == 0 and sizes["scheduler.arrivals"] == 0
+    assert grown < 2 * 1024 * 1024  # and nothing per run elsewhere: under 400 bytes a run (a leak is KiBs a run)

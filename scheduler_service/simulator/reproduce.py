@@ -58,6 +58,8 @@ def comparison_cases() -> list[Case]:
         Case(trace="elasticVpollux_e", cluster="n16g4", gpu="T4", interval=60, group="headline",
              references={"elasticflow": .728, "edf": .118, "tiresias": .287, "gandiva": .092, "themis": .313,
                          "chronus": .262, "pollux": .523}),
+        Case(trace="100jobs_1500lam", cluster="n16g8", gpu="A100", interval=240, group="headline",
+             references={"elasticflow": 1.0, "edf": .920, "tiresias": 1.0, "gandiva": .790, "themis": .990}),
     ]
     for cluster in ("n8g8", "n16g8", "n32g8"):
         refs = {"elasticflow": .933, "edf": .020, "elasticflow-noadmit": .263, "edf-admit": .212} if cluster == "n8g8" else {}

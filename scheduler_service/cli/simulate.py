@@ -93,15 +93,17 @@ def compare() -> None:
 def diff(
     ours: Path = typer.Argument(..., help="Per-job CSV from `elasticflow simulate --jobs-csv`."),
     reference: Path = typer.Argument(..., help="Reference per-job CSV (job_id, decision, met), e.g. "
-                                               "data/reference/outcomes/dev102_n8g8.csv."),
+                                               "data/reference/outcomes/dev102_n8g8.csv, or another --jobs-csv file."),
     policy: Optional[str] = typer.Option(None, help="Which policy of OURS (default: the first in the file)."),
+    reference_policy: Optional[str] = typer.Option(
+        None, help="When REFERENCE is a --jobs-csv file too: which of its policies (default: the first)."),
     out: Optional[Path] = typer.Option(None, help="Write every deadline job lined up, with its verdict, as CSV."),
     show: int = typer.Option(10, min=0, help="Jobs to list for each side that only one of them met."),
 ) -> None:
     """Which deadline jobs one policy met and the reference did not, and why."""
     try:
         name, mine = read_jobs_csv(ours, policy)
-        ref = read_reference(reference)
+        ref = read_reference(reference, reference_policy)
         comparison = line_up(name, mine, ref, str(reference))
     except InputError as exc:
         errors.print(f"error: {exc}", highlight=False, soft_wrap=True)

@@ -97,13 +97,20 @@ def read_jobs_csv(path: Path, policy: str | None = None) -> tuple[str, dict[str,
     return chosen, {row["job_id"]: row for row in rows if row["policy"] == chosen}
 
 
-def read_reference(path: Path) -> dict[str, dict[str, str]]:
-    return {row["job_id"]: row for row in _read(path, ["job_id", "decision", "met"])}
+def read_reference(path: Path, policy: str | None = None) -> dict[str, dict[str, str]]:
+    """A reference per-job file, or one policy's rows of our own `--jobs-csv`
+    file, so two of our policies can be lined up the same way."""
+    rows = _read(path, ["job_id", "decision", "met"])
+    if rows and "policy" in rows[0]:
+        return read_jobs_csv(path, policy)[1]
+    if policy is not None:
+        raise InputError(path, 1, "policy", "a reference file without a policy column has one set of outcomes")
+    return {row["job_id"]: row for row in rows}
 
 
 def reference_ratio(reference: dict[str, dict[str, str]]) -> float:
     """Met / deadline jobs of a reference outcomes file (best-effort rows left out)."""
-    deadline = [row for row in reference.values() if row["decision"] != "best_effort"]
+    deadline = [row for row in reference.values() if row["decision"] != "best_effort"]  # ours too
     return sum(row["met"] == "1" for row in deadline) / len(deadline) if deadline else 1.0
 
 

@@ -72,3 +72,10 @@ def test_reference_outcomes_carried_in_the_repository_match_their_readme():
     for name, ratio in expected.items():
         assert abs(reference_ratio(read_reference(folder / "outcomes" / f"{name}.csv")) - ratio) < 0.0015, name
         assert (folder / "traces" / f"{name.split('_')[0]}.csv").exists()
+
+
+def test_diff_lines_up_two_of_our_policies(tmp_path):
+    ours = jobs_csv(tmp_path)
+    result = runner.invoke(app, ["diff", str(ours), str(ours), "--policy", "edf", "--reference-policy", "elasticflow"])
+    assert result.exit_code == 0, result.output
+    assert "edf: " in result.output and "reference: 1/2 (0.500)" in result.output

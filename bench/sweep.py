@@ -70,8 +70,8 @@ def _mean_gap(load: float, cluster: str) -> float:
     return mean_gap_for(load, _gpus(cluster), TraceSpec(models=tuple(MODELS.split(","))), curves)
 
 
-def _trace_file(task: dict) -> Path:
-    """The task's trace: a reference file, or a generated one written to a temporary file."""
+def _trace_file(task: dict, folder: Path) -> Path:
+    """The task's trace: a reference file, or a generated one written into `folder`."""
     if task["kind"] == "reference":
         return data_dir() / "reference" / "traces" / f"{task['trace']}.csv"
     from scheduler_service.simulator.inputs import load_throughputs
@@ -82,7 +82,7 @@ def _trace_file(task: dict) -> Path:
     # seed's curve over load is not blurred by drawing new jobs at each point.
     spec = TraceSpec(jobs=JOBS, mean_gap_s=_mean_gap(task["load"], task["cluster"]),
                      models=tuple(MODELS.split(",")), seed=task["seed"])
-    path = Path(tempfile.mkdtemp(prefix="sweep-")) / f"{task['trace']}.csv"
+    path = folder / f"{task['trace']}.csv"
     path.write_text(trace_csv(generate(spec, curves)))
     return path
 
@@ -97,11 +97,12 @@ def run_task(task: dict) -> dict:
     from scheduler_service.simulator.tracegen import offered_load
 
     started = time.perf_counter()
-    path = _trace_file(task)
-    jobs = load_trace(path, load_throughputs(data_dir() / "throughputs" / "A100"))
+    with tempfile.TemporaryDirectory(prefix="sweep-") as folder:
+        path = _trace_file(task, Path(folder))
+        jobs = load_trace(path, load_throughputs(data_dir() / "throughputs" / "A100"))
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
     topology = load_cluster(data_dir() / "clusters" / f"{task['cluster']}.csv")
-    with path.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
     out = dict(task, load_measured=offered_load(rows, topology.num_gpus))
     if task["policy"] == "bound":
         out["ratio"] = deadline_ratio_bound(jobs, topology).bound

@@ -22,7 +22,8 @@ from scheduler_service.simulator.inputs import InputError
 from scheduler_service.simulator.report import write_atomically
 
 JOB_COLUMNS = ["policy", "job_id", "submit_time", "deadline", "model", "batch_size", "iterations",
-               "decision", "reason", "guaranteed", "mss", "start", "finish", "met", "restarts", "peak_gpus"]
+               "decision", "reason", "earliest_feasible_deadline", "guaranteed", "mss", "start", "finish", "met",
+               "restarts", "peak_gpus"]
 VERDICTS = ("both met", "only ours met", "only the reference met", "neither met")
 
 
@@ -51,6 +52,7 @@ def job_rows(run: Run) -> list[dict[str, str]]:
             "policy": run.policy, "job_id": job.job_id, "submit_time": _num(job.submit_time),
             "deadline": _num(job.deadline), "model": job.model, "batch_size": str(job.batch_size),
             "iterations": _num(job.iterations), "decision": decision_of(record), "reason": reason,
+            "earliest_feasible_deadline": _num(None if decision is None else decision.earliest_feasible_deadline),
             "guaranteed": str(int(decision is not None and decision.guaranteed)),
             "mss": "" if decision is None or decision.share is None else str(decision.share),
             "start": _num(record.start), "finish": _num(record.finish),
@@ -157,7 +159,8 @@ def line_up(policy: str, ours: dict[str, dict[str, str]], reference: dict[str, d
 
 
 LINED_UP_COLUMNS = ["job_id", "verdict", "submit_time", "deadline", "model", "batch_size", "iterations",
-                    "decision", "reason", "mss", "start", "finish", "met", "reference_decision", "reference_met"]
+                    "decision", "reason", "earliest_feasible_deadline", "mss", "start", "finish", "met",
+                    "reference_decision", "reference_met"]
 
 
 def write_lined_up(path: Path, comparison: Comparison) -> None:

@@ -10,6 +10,7 @@ elasticflow, edf, and elasticflow-overload when it is registered. Figures are
 printed and written to docs/evaluation/sweep.{json,png}; both cores are used.
 
 Run: .venv/bin/python bench/sweep.py            (a few minutes on 2 cores)
+     .venv/bin/python bench/sweep.py --policy elasticflow --policy elasticflow-noadmit   (an ablation)
 """
 
 from __future__ import annotations
@@ -42,11 +43,15 @@ OVERLOAD_FLOOR = {"dev103": 0.62, "dev105": 0.65, "dev102": 0.90}
 LIGHT = ("dev101", "dev104")
 
 
+CHOSEN: list[str] = []  # --policy, in the main process only (workers get a policy per task)
+
+
 def policies() -> list[str]:
-    """The sweep's policies that are registered now (the overload one may not be yet)."""
+    """The sweep's policies: those asked for, else the default ones registered now
+    (the overload one may not be yet)."""
     from scheduler_service.policy.registry import POLICIES
 
-    return [p for p in WANTED if p in POLICIES]
+    return CHOSEN or [p for p in WANTED if p in POLICIES]
 
 
 def reference_cases() -> list[tuple[str, str]]:
@@ -207,7 +212,7 @@ def print_targets(rows: list[dict], names: list[str]) -> None:
         print(f"  {row['trace']}: elasticflow {ef['ratio']:.3f} >= reference {row['reference']:.3f} with 0 admitted "
               f"misses: {'yes' if ok else 'NO'}")
     if "elasticflow-overload" not in names:
-        print("  elasticflow-overload is not registered: its targets are not checked")
+        print("  elasticflow-overload is not in this sweep (not registered, or not asked for): its targets are not checked")
         return
     for row in rows:
         ov, ef = row["elasticflow-overload"], row["elasticflow"]
@@ -227,7 +232,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs/evaluation"))
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="how many of the seeds to run")
+    parser.add_argument("--policy", action="append", default=[],
+                        help="a policy to sweep instead of the defaults (repeat), e.g. an ablation; "
+                             "elasticflow must be one of them: the reference lines compare with it")
     args = parser.parse_args()
+    from scheduler_service.policy.registry import POLICIES
+
+    unknown = [p for p in args.policy if p not in POLICIES]
+    if unknown or (args.policy and "elasticflow" not in args.policy):
+        parser.error(f"unknown policy {unknown[0]!r}" if unknown else "--policy elasticflow must be one of them")
+    CHOSEN[:] = args.policy
     started = time.perf_counter()
     todo = tasks(SEEDS[:args.seeds])
     # Bounds and the overloaded cases take longest: start them first so both workers end together.

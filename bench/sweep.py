@@ -10,7 +10,7 @@ elasticflow, edf, and elasticflow-overload when it is registered. Figures are
 printed and written to docs/evaluation/sweep.{json,png}; both cores are used.
 
 Run: .venv/bin/python bench/sweep.py            (a few minutes on 2 cores)
-     .venv/bin/python bench/sweep.py --policy elasticflow --policy elasticflow-noadmit   (an ablation)
+     .venv/bin/python bench/sweep.py --policy elasticflow --policy elasticflow-noadmit --out /tmp/ablation
 """
 
 from __future__ import annotations

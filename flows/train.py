@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.training.control import FileControlChannel
+from flows.training.launch import LaunchSpec
 from flows.training.params import TrainParameters
 from flows.training.prefect_progress import PrefectProgress
 from flows.training.runtime import TrainResult, run_training
@@ -44,21 +45,20 @@ def train(
     epochs: float | None = None,
     deadline: str | datetime | None = None,
     best_effort: bool = False,
-    gpu_plan: list[list[int]] | None = None,
-    switch_at: list[int] | None = None,
     checkpoint_interval: int = 50,
     keep_checkpoints: int = 3,
     checkpoint_store: str | None = None,
-    control_dir: str | None = None,
     device: str = "auto",
     model_kwargs: dict[str, Any] | None = None,
     max_restarts: int = 3,
 ) -> TrainResult:
-    """Train `model` on `dataset` with a fixed global batch on whatever GPUs it is given."""
+    """Train `model` on `dataset` with a fixed global batch on whatever GPUs it is given.
+
+    The GPUs are the scheduler's to choose, never a parameter: it launches the
+    run with a `LaunchSpec` (the deadline it admitted, or a fixed GPU plan when
+    driven without a scheduler) and steers it through the control channel."""
     logger = get_run_logger()
-    admitted_deadline = os.environ.get("ELASTICFLOW_DEADLINE")  # set by the scheduler that admitted this run
-    if admitted_deadline:
-        deadline = admitted_deadline
+    launch = LaunchSpec.from_env()
     params = TrainParameters.model_validate(
         {
             k: v
@@ -70,19 +70,16 @@ def train(
                 epochs=epochs,
                 deadline=deadline,
                 best_effort=best_effort,
-                gpu_plan=gpu_plan,
-                switch_at=switch_at,
                 checkpoint_interval=checkpoint_interval,
                 keep_checkpoints=keep_checkpoints,
                 checkpoint_store=checkpoint_store,
-                control_dir=control_dir,
                 device=device,
                 model_kwargs=model_kwargs,
                 max_restarts=max_restarts,
             ).items()
             if v is not None
-        },
-        context={"admitted": bool(admitted_deadline)},
+        } | launch.parameters(),
+        context={"admitted": launch.admitted},
     )
     run_key = str(flow_run.id or uuid.uuid4())
 
@@ -109,4 +106,5 @@ def train(
 
 
 if __name__ == "__main__":
-    train(model="mlp", iterations=40, gpu_plan=[[0, 1], [0, 1, 2, 3], [0]], switch_at=[15, 30], checkpoint_interval=5)
+    os.environ.update(LaunchSpec(gpu_plan=[[0, 1], [0, 1, 2, 3], [0]], switch_at=[15, 30]).to_env())
+    train(model="mlp", iterations=40, checkpoint_interval=5)

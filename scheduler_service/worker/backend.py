@@ -172,6 +172,18 @@ def _send(pid: int, signum: int) -> None:
         pass
 
 
+class Identified:
+    """Prefect records what its launcher's `started` is given as the run's
+    infrastructure id; the backend says what that is (`host:pid` here)."""
+
+    def __init__(self, outer: Any, backend: ExecutionBackend) -> None:
+        self.outer, self.backend = outer, backend
+
+    def started(self, value: Any = None) -> None:
+        if self.outer is not None:
+            self.outer.started(self.backend.infrastructure_id(value) if isinstance(value, int) and value else value)
+
+
 def backend_for(settings: Any) -> ExecutionBackend:
     """The backend the settings ask for (only local processes so far)."""
     return LocalProcesses(warm_start=settings.warm_start)

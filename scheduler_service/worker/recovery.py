@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
@@ -21,6 +21,9 @@ from scheduler_service.contracts import AllocationAction
 from scheduler_service.worker.intake import policy_job
 from scheduler_service.worker.run_state import Phase, RunState
 from scheduler_service.worker.store import AllocationRecord, RunRecord, ServiceStore, aware
+
+if TYPE_CHECKING:
+    from scheduler_service.worker.worker import ElasticFlowWorker
 
 log = logging.getLogger("prefect.workers.elasticflow.recovery")  # shown with the worker's own lines
 
@@ -94,6 +97,21 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
         points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
         adopted.append((adopted_run(row, found, control_root, points, max_job_gpus, now), found))
     return adopted
+
+
+async def adopt(worker: ElasticFlowWorker) -> None:
+    """Adopt what an earlier life of the worker left running or admitted, and
+    the cluster plot's recent past."""
+    control_root = str(worker.settings.home / "control")
+    for run, found in await recover(worker.client, worker.store, control_root, worker.cluster.topology.max_job_gpus,
+                                    worker.clock()):
+        worker.runs[run.run_id] = run
+        worker.scheduler.adopt(run, running=found.running, cancelled=found.cancelling)
+        where = f"on GPUs {','.join(map(str, run.held))}" if found.running else "still waiting for GPUs"
+        log.info("adopted %s flow run %s %s", "running" if found.running else "admitted", run.run_id, where)
+        await worker.publisher.find_history(run, [(aware(r.at), r.action, r.gpus)
+                                                  for r in worker.store.allocations(run.run_id)])
+    worker.view.restore(*allocation_changes(worker.store))
 
 
 def allocation_changes(store: ServiceStore, hours: float = 6.0) -> tuple[list[tuple[datetime, str, int]],

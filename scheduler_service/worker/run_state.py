@@ -37,7 +37,9 @@ def plan_deadline_with_reserve(deadline: float | None, launch_reserve_s: float) 
 def plan_deadline_mid_slot(plan_deadline: float | None, elapsed_s: float) -> float | None:
     """Planned from the slot's boundary, a run decided `elapsed_s` into the slot
     must not be credited the part of the slot already gone."""
-    return None if plan_deadline is None or elapsed_s <= 0 else plan_deadline - elapsed_s
+    if plan_deadline is None:
+        return None
+    return plan_deadline - max(0.0, elapsed_s)
 
 
 @dataclass(slots=True, eq=False)

@@ -15,6 +15,8 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler_service.markdown import markdown_table
+
 PREFIX = "ELASTICFLOW_"
 
 
@@ -103,8 +105,8 @@ def load_settings(**overrides: Any) -> WorkerSettings:
 
 def settings_table() -> str:
     """The operator's table of variables, as docs/service.md shows it."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows = []
     for name, field in WorkerSettings.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        rows.append(f"| `{PREFIX}{name.upper()}` | {extra.get('shown')} | {field.description} |")
-    return "\n".join(rows)
+        rows.append([f"`{PREFIX}{name.upper()}`", str(extra.get("shown")), str(field.description)])
+    return markdown_table(["variable", "default", "meaning"], rows)

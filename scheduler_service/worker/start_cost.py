@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from scheduler_service.worker.run_state import RunState
 
 log = logging.getLogger("prefect.workers.elasticflow.start_cost")  # shown with the worker's own lines
 
@@ -36,6 +38,13 @@ class StartCost:
     def startup_s(self) -> float:
         """About how long a run takes here from launch to its first iteration."""
         return self.reserve() + self.restart_cost(1)
+
+    def observe(self, runs: Iterable[RunState], now: float) -> None:
+        """Runs launched that are now up (a first iteration): what their start cost."""
+        for run in runs:
+            if run.launched_at is not None and run.iterations_done() > 0:
+                self.started(run.run_id, now - run.launched_at, len(run.commanded))
+                run.launched_at = None
 
     def started(self, run_id: str, took_s: float, gpus: int) -> None:
         """A run reached its first iteration `took_s` after its launch."""

@@ -1,7 +1,9 @@
-"""The worker's side of stopping cancelled runs (the steps themselves are in
+"""Runs that end or leave before the scheduler is done with them: the
+worker's side of stopping cancelled runs (the steps themselves are in
 `cancellation.py`, behind the execution backend), and of ending runs whose
 process is gone: adopted runs are not the worker's children, so their end is
-read from Prefect.
+read from Prefect; runs cancelled before their launch, or before they got
+GPUs, are never launched.
 
 `settle` ends a run still `Cancelling` whose process is gone or never
 started, or one whose process was stopped for a cancellation (its engine then
@@ -23,6 +25,8 @@ from scheduler_service.contracts import AllocationAction
 from scheduler_service.worker.run_state import Phase
 
 if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
     from scheduler_service.worker.worker import ElasticFlowWorker
 
 log = logging.getLogger("prefect.workers.elasticflow.stopping")  # shown with the worker's own lines
@@ -114,3 +118,38 @@ async def _step(worker: ElasticFlowWorker, flow_run: Any, foreign: bool, now: fl
         log.warning("flow run %s is Cancelling and did not stop when told: %s its process", run_id, step)
     elif step == "gone" and foreign:
         await ended_elsewhere(worker, run_id, "and its process is gone")
+
+
+async def still_to_launch(worker: ElasticFlowWorker, flow_run: FlowRun) -> bool:
+    """False for a run cancelled (or ended by hand) since we made it Pending:
+    Prefect's launcher goes by the state it polled. A `Cancelling` one is
+    ended `Cancelled` here, as nothing else would end it."""
+    try:
+        state = (await worker.client.read_flow_run(flow_run.id)).state
+    except Exception:
+        log.warning("could not read flow run %s before its launch; launching it", flow_run.id, exc_info=True)
+        return True
+    if state is not None and state.is_cancelling():
+        return not await settle(worker, flow_run.id, "before its process started")
+    if state is not None and state.is_final():
+        log.info("flow run %s is %s since it was made Pending; not launched", flow_run.id, state.name)
+        return False
+    return True
+
+
+async def forget_vanished(worker: ElasticFlowWorker, scheduled: set[str]) -> None:
+    """Runs not started yet that left the Scheduled state without us
+    (cancelled or deleted in the UI) give back their reservation."""
+    from prefect.exceptions import ObjectNotFound
+
+    for run in [r for r in worker.runs.values() if r.phase in (Phase.WAITING, Phase.PROFILING)
+                and r.run_id not in scheduled]:
+        try:
+            flow_run = await worker.client.read_flow_run(UUID(run.run_id))
+        except ObjectNotFound:
+            flow_run = None
+        except Exception:
+            continue
+        if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
+            log.info("flow run %s left the queue before it got GPUs; forgetting it", run.run_id)
+            await worker.finished(run.run_id)

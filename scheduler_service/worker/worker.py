@@ -17,18 +17,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Optional
-from uuid import UUID
 
 import anyio.abc
 from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 from prefect.workers.process import ProcessWorker
 
+from flows.training.launch import LaunchSpec
 from scheduler_service.contracts import AllocationAction, Rejection, ServiceReason, StateName, epoch_to_datetime
 from scheduler_service.policy import make_policy
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import decisions, intake, recovery, stopping
-from scheduler_service.worker.backend import InfrastructureGone, Placement, backend_for
+from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
 from scheduler_service.worker.cluster_view import ClusterView, emit_risk
 from scheduler_service.worker.configuration import (
     ElasticFlowJobConfiguration,
@@ -37,12 +37,12 @@ from scheduler_service.worker.configuration import (
 )
 from scheduler_service.worker.prefect_api import scheduled_runs, submit, synced
 from scheduler_service.worker.profiling import Profiler, measure_in_processes
-from scheduler_service.worker.publish import Publisher, gpus_label, iso
+from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.run_state import Phase, RecentIds, RunState
 from scheduler_service.worker.scheduler import Scheduler
 from scheduler_service.worker.settings import load_settings
 from scheduler_service.worker.start_cost import StartCost
-from scheduler_service.worker.store import AllocationRecord, ServiceStore, aware
+from scheduler_service.worker.store import AllocationRecord, ServiceStore
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -106,7 +106,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._logger.info("ElasticFlow scheduler: %s (%s), policy %s, slot %.1f s, %s backend",
                           self.cluster.topology.describe(), self.cluster.source, self.settings.policy,
                           self.interval, self.backend.name)
-        await self._recover()
+        await recovery.adopt(self)
         self.backend.open(self.settings.home)
         # The first take-in would otherwise pay for importing the train flow's
         # parameter model (and torch with it): about 4 s on a small machine.
@@ -120,19 +120,6 @@ class ElasticFlowWorker(ProcessWorker):
         self.profiler.close()
         self.backend.close()
         await super().teardown(*exc_info)
-
-    async def _recover(self) -> None:
-        control_root = str(self.settings.home / "control")
-        for run, found in await recovery.recover(self.client, self.store, control_root,
-                                                 self.cluster.topology.max_job_gpus, self.clock()):
-            self.runs[run.run_id] = run
-            self.scheduler.adopt(run, running=found.running, cancelled=found.cancelling)
-            where = f"on GPUs {gpus_label(run.held)}" if found.running else "still waiting for GPUs"
-            self._logger.info("adopted %s flow run %s %s", "running" if found.running else "admitted",
-                              run.run_id, where)
-            await self.publisher.find_history(run, [(aware(r.at), r.action, r.gpus)
-                                                    for r in self.store.allocations(run.run_id)])
-        self.view.restore(*recovery.allocation_changes(self.store))
 
     # -- the poll: take in, decide, actuate ------------------------------------
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
@@ -161,7 +148,7 @@ class ElasticFlowWorker(ProcessWorker):
                 self._logger.exception("could not take in flow run %s", run_id)
                 await decisions.reject(self, entry.flow_run, Rejection.of(
                     ServiceReason.INVALID_PARAMETERS.value, f"{type(exc).__name__}: {exc}", None))
-        await self._forget_vanished({str(entry.flow_run.id) for entry in responses})
+        await stopping.forget_vanished(self, {str(entry.flow_run.id) for entry in responses})
         await stopping.watch_foreign(self)
         await stopping.watch_cancelling(self, now)
         for outcome in self.profiler.poll(now):
@@ -206,23 +193,6 @@ class ElasticFlowWorker(ProcessWorker):
         self.scheduler.arrive(intake.ready(run, points, self.cluster.topology.max_job_gpus,
                                            self.start_cost.reserve(), now))
 
-    async def _forget_vanished(self, scheduled: set[str]) -> None:
-        """Runs not started yet that left the Scheduled state without us
-        (cancelled or deleted in the UI) give back their reservation."""
-        from prefect.exceptions import ObjectNotFound
-
-        for run in [r for r in self.runs.values() if r.phase in (Phase.WAITING, Phase.PROFILING)
-                    and r.run_id not in scheduled]:
-            try:
-                flow_run = await self.client.read_flow_run(UUID(run.run_id))
-            except ObjectNotFound:
-                flow_run = None
-            except Exception:
-                continue
-            if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
-                self._logger.info("flow run %s left the queue before it got GPUs; forgetting it", run.run_id)
-                await self.finished(run.run_id)
-
     async def _flow_name(self, flow_run: FlowRun) -> str:
         """Only `train` runs are scheduled; a pipeline deployed to the same pool runs at once."""
         if flow_run.flow_id not in self.flow_names:
@@ -236,10 +206,7 @@ class ElasticFlowWorker(ProcessWorker):
 
     async def _show_cluster(self, now: float) -> None:
         """Keep the cluster artifact current; tell automations about deadlines at risk."""
-        for run in self.runs.values():
-            if run.launched_at is not None and run.iterations_done() > 0:  # it is up: what did its start cost?
-                self.start_cost.started(run.run_id, time.time() - run.launched_at, len(run.commanded))
-                run.launched_at = None
+        self.start_cost.observe(self.runs.values(), time.time())
         snapshot = self.view.snapshot(self.runs, now)
         for change, job in self.view.risk_changes(snapshot):
             emit_risk(self.publisher.event, change, job)
@@ -263,7 +230,7 @@ class ElasticFlowWorker(ProcessWorker):
     async def run(self, flow_run: FlowRun, configuration: ElasticFlowJobConfiguration,
                   task_status: Optional[anyio.abc.TaskStatus[Any]] = None) -> ElasticFlowWorkerResult:
         run_id = str(flow_run.id)
-        if not await self._still_to_launch(flow_run):
+        if not await stopping.still_to_launch(self, flow_run):
             await self.finished(run_id)
             if task_status is not None:
                 task_status.started(0)  # no process: Prefect records no PID and releases its slot
@@ -273,9 +240,7 @@ class ElasticFlowWorker(ProcessWorker):
             gpus = tuple(placed.commanded)
             self.backend.prepare(configuration.env, Placement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))))
             configuration.env["ELASTICFLOW_HOME"] = str(self.settings.home)
-            # The deadline it was admitted with: a relative one (`+10m`) stays
-            # what it meant at submission, and a late start still trains.
-            configuration.env["ELASTICFLOW_DEADLINE"] = iso(placed.deadline) or ""
+            configuration.env.update(LaunchSpec(deadline=epoch_to_datetime(placed.deadline), admitted=True).to_env())
         if not configuration._command_configured:
             from prefect.utilities.processutils import command_to_string, get_sys_executable
 
@@ -286,28 +251,11 @@ class ElasticFlowWorker(ProcessWorker):
             configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
             configuration._command_configured = True
         try:
-            result = await super().run(flow_run, configuration, _Identified(task_status, self.backend))
+            result = await super().run(flow_run, configuration, Identified(task_status, self.backend))
         finally:
             await self.finished(run_id)
             await stopping.settle(self, flow_run.id, "and its process has exited")
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
-
-    async def _still_to_launch(self, flow_run: FlowRun) -> bool:
-        """False for a run cancelled (or ended by hand) since we made it Pending:
-        Prefect's launcher goes by the state it polled. A `Cancelling` one is
-        ended `Cancelled` here, as nothing else would end it."""
-        try:
-            state = (await self.client.read_flow_run(flow_run.id)).state
-        except Exception:
-            self._logger.warning("could not read flow run %s before its launch; launching it", flow_run.id,
-                                 exc_info=True)
-            return True
-        if state is not None and state.is_cancelling():
-            return not await stopping.settle(self, flow_run.id, "before its process started")
-        if state is not None and state.is_final():
-            self._logger.info("flow run %s is %s since it was made Pending; not launched", flow_run.id, state.name)
-            return False
-        return True
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: ElasticFlowJobConfiguration,
                                   grace_seconds: int = 30) -> None:
@@ -342,15 +290,3 @@ class ElasticFlowWorker(ProcessWorker):
         return {"runs": len(self.runs), "scheduler.runs": len(self.scheduler.runs),
                 "scheduler.arrivals": len(self.scheduler.arrivals), "recent": len(self.recent),
                 "flow_names": len(self.flow_names), **{f"profiler.{k}": v for k, v in self.profiler.sizes().items()}}
-
-
-class _Identified:
-    """Prefect records what `started` is given as the run's infrastructure id;
-    the backend says what that is (`host:pid` for a local process)."""
-
-    def __init__(self, outer: Optional[anyio.abc.TaskStatus[Any]], backend: Any) -> None:
-        self.outer, self.backend = outer, backend
-
-    def started(self, value: Any = None) -> None:
-        if self.outer is not None:
-            self.outer.started(self.backend.infrastructure_id(value) if isinstance(value, int) and value else value)

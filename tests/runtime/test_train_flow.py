@@ -24,23 +24,24 @@ def _events(flow_run_id: str, timeout_s: float = 20.0) -> list[dict]:
     return wait_for_events(flow_run_id, "elasticflow.training.", timeout_s, until=completed)
 
 
-def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path) -> None:
+def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
     from flows.train import train
     from flows.training.control import FileControlChannel
+    from flows.training.launch import LaunchSpec
 
+    # The GPU plan and the control channel are the runtime's, not the user's: no flow parameters.
+    spec = LaunchSpec(gpu_plan=[[0, 1], [0]], switch_at=[20], control_dir=str(tmp_path / "control"))
+    monkeypatch.setenv(*next(iter(spec.to_env().items())))
     state = train(
         model="mlp",
         hyperparameters={"global_batch_size": 16},
         iterations=40,
         deadline="+2h",
-        gpu_plan=[[0, 1], [0]],
-        switch_at=[20],
         checkpoint_interval=10,
         checkpoint_store=str(tmp_path / "checkpoints"),
-        control_dir=str(tmp_path / "control"),
         device="cpu",
         return_state=True,
     )

@@ -1,0 +1,53 @@
+"""Take-in without a server: a flow run's parameters become a policy job in
+one place, and the two deadlines (the user's, the plan's) move by one
+function each."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from scheduler_service.worker.intake import InvalidRun, new_run, read_request, ready, usable_points
+from scheduler_service.worker.run_state import Phase, plan_deadline_mid_slot, plan_deadline_with_reserve
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc).timestamp()
+
+
+def test_a_relative_deadline_is_the_users_from_submission_and_a_past_one_reaches_the_policy() -> None:
+    request = read_request({"model": "mlp", "iterations": 100, "deadline": "+10m"}, NOW)
+    assert request.deadline == NOW + 600 and request.iterations == 100.0
+    past = read_request({"model": "mlp", "iterations": 100, "deadline": "2001-01-01T00:00:00Z"}, NOW)
+    assert past.deadline is not None and past.deadline < NOW  # the policy says why, with the earliest deadline
+    assert read_request({"model": "mlp", "iterations": 5}, NOW).deadline is None  # best-effort
+
+
+@pytest.mark.parametrize(("parameters", "names"), [
+    ({"model": "mlp", "iterations": 0}, "iterations:"),
+    ({"model": "resnet-50"}, "model:"),
+    ({"model": "mlp", "iterations": 5, "deadline": "tomorrow"}, "deadline:"),
+    ({"model": "mlp", "iterations": 5, "hyperparameters": {"global_batch_size": "big"}},
+     "hyperparameters.global_batch_size:"),
+])
+def test_a_bad_parameter_is_an_invalid_run_naming_the_field(parameters: dict[str, object], names: str) -> None:
+    with pytest.raises(InvalidRun) as caught:
+        read_request(parameters, NOW)
+    assert str(caught.value).startswith(names)
+
+
+def test_a_run_uses_no_more_gpus_than_its_batch_has_samples() -> None:
+    assert usable_points({1: 10.0, 2: 19.0, 4: 35.0, 8: 0.0}, batch_size=2, max_job_gpus=8) == {1: 10.0, 2: 19.0}
+
+
+def test_the_launch_reserve_and_the_mid_slot_correction_move_only_the_plan_deadline(tmp_path: object) -> None:
+    assert plan_deadline_with_reserve(None, 12.0) is None
+    assert plan_deadline_with_reserve(NOW + 600, 12.0) == NOW + 588
+    assert plan_deadline_mid_slot(NOW + 588, 0.0) == NOW + 588
+    assert plan_deadline_mid_slot(NOW + 588, 1.5) == NOW + 586.5
+    request = read_request({"model": "mlp", "iterations": 100, "deadline": "+10m"}, NOW)
+    run = new_run("r", "calm-otter", request, str(tmp_path), NOW)
+    assert run.phase == Phase.PROFILING and run.deadline == NOW + 600
+    ready(run, {1: 10.0, 2: 19.0}, max_job_gpus=2, launch_reserve_s=12.0, now=NOW)
+    assert run.phase == Phase.WAITING and run.deadline == NOW + 600 and run.plan_deadline == NOW + 588
+    run.plan_with(plan_deadline_mid_slot(run.plan_deadline, 2.0))
+    assert run.to_user_time(NOW + 1000) == NOW + 1014  # an earliest deadline goes back to the user's clock

@@ -1,0 +1,41 @@
+"""The worker's settings: read once, a bad value is one line naming the
+variable, and the docs' table is the model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler_service.worker.settings import SettingsError, load_settings, settings_table
+
+DOCS = Path(__file__).parents[2] / "docs" / "service.md"
+
+
+def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTICFLOW_INTERVAL_S", "2")
+    monkeypatch.setenv("ELASTICFLOW_POLL_S", "5")
+    monkeypatch.setenv("ELASTICFLOW_WARM_START", "0")
+    settings = load_settings()
+    assert settings.interval_s == 2.0 and settings.effective_poll_s == 2.0  # at most a slot
+    assert settings.warm_start is False and settings.launch_s is None and settings.policy == "elasticflow"
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("ELASTICFLOW_INTERVAL_S", "soon", "a number"),
+    ("ELASTICFLOW_POLL_S", "0", "greater than 0"),
+    ("ELASTICFLOW_CPU_SLOTS", "0", "at least 1"),
+    ("ELASTICFLOW_WARM_START", "maybe", "1 or 0"),
+    ("ELASTICFLOW_POLICY", "fastest", "one of"),
+])
+def test_a_bad_value_stops_the_worker_with_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                               value: str, says: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    text = str(caught.value)
+    assert "\n" not in text and f"{name}={value}" in text and says in text
+
+
+def test_the_docs_table_is_the_settings_model() -> None:
+    assert settings_table() in DOCS.read_text(), "docs/service.md: paste settings_table()'s output"

@@ -15,6 +15,11 @@
    process, so the PID Prefect knows is the engine's. A wrong worker count costs
    a cold start, never correctness; unused standbys exit with the flow process.
 
+4. Least privilege: files it and its ranks create are private (umask 077),
+   and its process group is recorded under `$ELASTICFLOW_HOME/run/groups/`
+   so that stopping the stack signals this group and never a bystander
+   (`scheduler_service.stack.groups`, which reads what `record_group` writes).
+
 Only the standard library is imported before the engine starts.
 """
 
@@ -28,11 +33,43 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 WORLD_SIZE_ENV = "ELASTICFLOW_WORLD_SIZE"
 FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
 WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
+PRIVATE_UMASK = 0o077  # files under $ELASTICFLOW_HOME: 0600, folders 0700
+
+
+def groups_dir(home: Path) -> Path:
+    return home / "run" / "groups"
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot: with its PID, what
+    tells it apart from a later process that reused the PID."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def record_group(home: Path | str | None, pgid: int, what: str) -> None:
+    """Write down a process group this stack started (leader `pgid`), so that
+    stopping the stack can signal exactly it. Best effort: a group that cannot
+    be recorded is one the stack leaves alone."""
+    started = start_time(pgid)
+    if not home or started is None:
+        return
+    folder = groups_dir(Path(home))
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = folder / f".{pgid}-{started}.tmp"
+        tmp.write_text(f"{pgid} {started} {what}\n")
+        os.replace(tmp, folder / f"{pgid}-{started}")
+    except OSError:
+        pass
 
 
 def _world_size() -> int:
@@ -162,10 +199,13 @@ def _exit(code: int) -> None:
 
 
 def main() -> None:
+    os.umask(PRIVATE_UMASK)
     try:
         os.setsid()
     except OSError:  # already a session leader
         pass
+    record_group(os.environ.get("ELASTICFLOW_HOME"), os.getpid(),
+                 f"flow run {os.environ.get('PREFECT__FLOW_RUN_ID', '?')}")
     path = os.environ.get(FORKSERVER_ENV)
     if path and os.environ.get(WARM_ENV, "1") != "0":
         code = run_warm(path)

@@ -33,10 +33,14 @@ def _home(home: Optional[Path]) -> Path:
 def up(
     port: int = typer.Option(4200, "--port", help="port of the local Prefect server (bound to 127.0.0.1)"),
     home: Optional[Path] = typer.Option(None, "--home", help="state folder (default: $ELASTICFLOW_HOME or ~/.elasticflow)"),
+    database: Optional[str] = typer.Option(
+        None, "--database", help="the Prefect server's database, e.g. postgresql://user:pass@host:5432/prefect "
+        "(default: SQLite under the home; given to the server alone)"),
 ) -> None:
-    """Run the local stack in the foreground: Prefect server (SQLite), the `gpus`
-    work pool, deployments train/<model> and pipeline/daily, the ElasticFlow
-    worker. Ctrl-C stops it."""
+    """Run the local stack in the foreground: Prefect server (SQLite, or
+    PostgreSQL with --database), the `gpus` work pool, deployments
+    train/<model> and pipeline/daily, the ElasticFlow worker. A server or worker
+    that exits is restarted; training runs go on meanwhile. Ctrl-C stops it."""
     from scheduler_service.stack.local import local_stack
 
     home = _home(home)
@@ -46,9 +50,10 @@ def up(
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    console.print(f"starting Prefect server on 127.0.0.1:{port} (home {home})")
+    where = "PostgreSQL" if database else "SQLite"
+    console.print(f"starting Prefect server on 127.0.0.1:{port} ({where}; home {home})")
     try:
-        with local_stack(home, port) as stack:
+        with local_stack(home, port, database=database) as stack:
             console.print(
                 f"work pool 'gpus' (type elasticflow); deployments: {', '.join(stack.deployments)}\n"
                 f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"
@@ -58,7 +63,8 @@ def up(
                 "Ctrl-C stops everything."
             )
             while True:
-                stack.check()
+                for line in stack.supervise():
+                    errors.print(line)
                 time.sleep(1.0)
     except KeyboardInterrupt:
         console.print("stopped")

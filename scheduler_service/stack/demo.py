@@ -178,7 +178,8 @@ def run_demo(home: Path, port: int, console: Console) -> bool:
         demo.say(f"stack up: Prefect UI {stack.ui_url}, work pool 'gpus', worker log {stack.logs / 'worker.log'}")
         first = demo.submit("first-use", 40, now() + timedelta(minutes=10))
         demo.watch(lambda: demo.final(first) is not None, 600)
-        stack.check()
+        for line in stack.supervise():  # a crash is said, and the process restarted
+            demo.say(line)
         curve = get_curve(MODEL, HYPERPARAMETERS["global_batch_size"]) or {}
         if not curve:
             raise RuntimeError("the service stored no throughput profile; see the worker log")

@@ -2,10 +2,12 @@
 SQLite under the home folder, the `gpus` work pool, the deployments, and the
 ElasticFlow worker, each a child process with its log under `<home>/logs`.
 
-`elasticflow up` holds it open in the foreground; `elasticflow demo` drives
-it. Leaving the context stops everything, flow processes included, in order:
-the worker first, then the flow processes still running (they checkpoint on
-SIGTERM), then the server.
+`elasticflow up` holds it open in the foreground and restarts the server or
+the worker when one exits (`supervisor.py`); `elasticflow demo` drives it.
+Leaving the context stops what the stack started, flow processes included, in
+order: the worker first, then the flow processes still running (they
+checkpoint on SIGTERM), then the server. "What the stack started" is what it
+recorded (`groups.py`), never what merely looks like it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+
+from scheduler_service.stack.groups import Group, groups_of, start_time, stop_groups
+from scheduler_service.stack.supervisor import PRIVATE_UMASK, Supervised
 
 POOL = "gpus"
 
@@ -32,14 +36,13 @@ class LocalStack:
     ui_url: str
     logs: Path
     deployments: dict[str, str]
-    server: subprocess.Popen[bytes]
-    worker: subprocess.Popen[bytes]
+    server: Supervised
+    worker: Supervised
 
-    def check(self) -> None:
-        """Raise if the server or the worker has exited."""
-        for process, name in ((self.server, "server"), (self.worker, "worker")):
-            if process.poll() is not None:
-                raise RuntimeError(f"the {name} exited with status {process.returncode}; see {self.logs}")
+    def supervise(self) -> list[str]:
+        """Restart the server or the worker if it exited (after its backoff);
+        a line for the operator about each exit and restart."""
+        return [line for line in (self.server.check(), self.worker.check()) if line]
 
 
 def free_port() -> int:
@@ -73,102 +76,86 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 
     raise RuntimeError(f"the Prefect server did not answer at {url} within {timeout_s:.0f} s")
 
 
-def _default_signals() -> None:
-    """In the child: Ctrl-C and SIGTERM act, even if our parent ignored them."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "prefect", *args], env={**os.environ, **env}, stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_default_signals,
-    )
-
-
-def stop_process(process: subprocess.Popen[bytes] | None) -> None:
-    """SIGINT, then SIGTERM to the process group (the worker's flow runs too),
-    then SIGKILL if it does not go."""
+def stop_process(process: subprocess.Popen[bytes] | None, grace_s: float = 8.0) -> None:
+    """Stop a process this caller started in a session of its own: SIGINT,
+    then SIGTERM, then SIGKILL to its group (what it started in it too),
+    each only while that group is still the one it started."""
     if process is None:
         return
-    for sig, wait_s in ((signal.SIGINT, 8.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
+    group = Group(process.pid, start_time(process.pid) or 0, "process")
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0)):
+        if not group.signal(sig):
             break
         try:
             process.wait(timeout=wait_s)
             break
         except subprocess.TimeoutExpired:
             continue
-    try:  # children that outlived the leader
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    stop_groups([group], grace_s=0.0, first=signal.SIGKILL)  # and children that outlived the leader
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
         pass
 
 
-def stop_processes_of(home: Path, grace_s: float = 10.0) -> None:
-    """Stop every process started for the stack at `home` that is still alive.
-    Flow processes run in their own sessions (so a crashed worker does not take
-    them along), out of reach of a signal to the worker's group; they all carry
-    ELASTICFLOW_HOME=<home>. SIGTERM first (training checkpoints on it), then
-    SIGKILL after `grace_s`."""
-    marker = f"ELASTICFLOW_HOME={home}".encode()
+def stop_processes_of(home: Path, grace_s: float = 10.0, keep: tuple[int, ...] = ()) -> None:
+    """Stop the process groups started for the stack at `home` that are still
+    alive (flow runs, fork servers: they run in sessions of their own, out of
+    reach of a signal to the worker's group), all but those led by `keep`.
+    SIGTERM first (training checkpoints on it), SIGKILL after `grace_s`.
+    Only recorded groups (`groups.py`): never a process chosen by its environment."""
+    stop_groups([g for g in groups_of(home) if g.pgid not in keep], grace_s)
 
-    def alive() -> list[int]:
-        found = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
-                continue
-            try:
-                if marker in (proc / "environ").read_bytes().split(b"\0"):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-        return found
 
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-        pids = alive()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.time() + wait_s
-        while time.time() < end and alive():
-            time.sleep(0.2)
+def database_url(url: str) -> str:
+    """Prefect's server talks to PostgreSQL through asyncpg: `postgresql://...`
+    as an operator writes it, with the driver Prefect needs."""
+    for plain in ("postgresql://", "postgres://", "postgresql+psycopg://", "postgresql+psycopg2://"):
+        if url.startswith(plain):
+            return "postgresql+asyncpg://" + url[len(plain):]
+    return url
 
 
 @contextmanager
 def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
-                models: tuple[str, ...] | None = None, schedules: bool = True) -> Iterator[LocalStack]:
+                models: tuple[str, ...] | None = None, schedules: bool = True,
+                database: str | None = None) -> Iterator[LocalStack]:
     """Start the stack; `env` adds settings for the worker (e.g. the slot length);
-    `schedules=False` deploys `pipeline/daily` with its schedule paused. The
-    calling process gets PREFECT_API_URL etc. too, so it can submit runs."""
+    `schedules=False` deploys `pipeline/daily` with its schedule paused;
+    `database` is the Prefect server's database URL (PostgreSQL), given to the
+    server alone. The calling process gets PREFECT_API_URL etc. too, so it can
+    submit runs."""
     import asyncio
 
     from scheduler_service.stack.deployments import MODELS, deploy, deploy_pipeline, ensure_pool
 
     settings = {**stack_env(home, port), **(env or {})}
     os.environ.update(settings)
+    umask = os.umask(PRIVATE_UMASK)  # the deploy log, the store's first tables...: private, as the children's
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    home.chmod(0o700)
     logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    server = worker = None
+    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    server_env = dict(settings)
+    if database:
+        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url(database)
+    server = Supervised("server", ["server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env,
+                        logs / "server.log", home)
+    worker = Supervised("worker", ["worker", "start", "--pool", POOL], settings, logs / "worker.log", home)
     try:
-        server = _spawn(["server", "start", "--host", "127.0.0.1", "--port", str(port)], settings,
-                        logs / "server.log")
-        wait_healthy(settings["PREFECT_API_URL"], server)
+        server.start()
+        assert server.process is not None
+        wait_healthy(settings["PREFECT_API_URL"], server.process)
         asyncio.run(ensure_pool(POOL))
-        worker = _spawn(["worker", "start", "--pool", POOL], settings, logs / "worker.log")  # boots meanwhile
+        worker.start()  # boots meanwhile
         with open(logs / "deploy.log", "a") as log, redirect_stdout(log):  # Prefect prints a table per deploy
             deployed = deploy(POOL, models or MODELS)
             deployed["pipeline/daily"] = deploy_pipeline(POOL, paused=not schedules)
         yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
                          server, worker)
     finally:
-        stop_process(worker)
-        stop_processes_of(home)  # flow runs still going: they checkpoint and stop
-        stop_process(server)
-
+        worker.stop()
+        # flow runs still going: they checkpoint and stop
+        stop_processes_of(home, keep=(server.process.pid,) if server.process else ())
+        server.stop(grace_s=8.0)
+        os.umask(umask)

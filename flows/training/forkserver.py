@@ -49,13 +49,18 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.training.boot import PRIVATE_UMASK, record_group
+from flows.training.standby import is_secret
+
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
 
 
 def settings_of(env: dict[str, str]) -> dict[str, str]:
     """The Prefect settings an environment carries (`PREFECT__*` are per-run
-    variables the engine reads itself, not settings)."""
-    return {k: v for k, v in env.items() if k.startswith("PREFECT_") and not k.startswith("PREFECT__")}
+    variables the engine reads itself, not settings). The server's database
+    settings are left out: the server never has them, a flow never needs them."""
+    return {k: v for k, v in env.items()
+            if k.startswith("PREFECT_") and not k.startswith("PREFECT__") and not is_secret(k)}
 
 
 @dataclass
@@ -186,6 +191,7 @@ class ForkServer:
                 if other is not None:
                     other.close()
             os.setsid()
+            record_group(env.get("ELASTICFLOW_HOME"), os.getpid(), f"flow run {env.get('PREFECT__FLOW_RUN_ID', '?')}")
             for target, fd in zip((0, 1, 2), fds):
                 os.dup2(fd, target)
                 os.close(fd)
@@ -264,19 +270,23 @@ def launch(home: Path) -> tuple[subprocess.Popen[bytes], Path]:
     from prefect.settings import get_current_settings
 
     path = Path(tempfile.mkdtemp(prefix="elasticflow-")) / "fork.sock"  # short: socket paths max out at 107
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-           "ELASTICFLOW_HOME": str(home),
+    # Every flow process and DDP rank it forks starts from this environment
+    # (/proc/<pid>/environ of each shows it): none of the worker's secrets.
+    inherited = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True)}
+    env = {k: v for k, v in inherited.items() if not is_secret(k)}
+    env |= {"ELASTICFLOW_HOME": str(home),
            # torch.cuda.is_available() through NVML, which leaves forks free to use CUDA
            "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "forkserver.log", "ab") as log:
+    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(logs / "forkserver.log", "ab", opener=lambda name, flags: os.open(name, flags, 0o600)) as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "flows.training.forkserver", str(path), str(os.getpid())], env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=path.parent)  # like Prefect's workspace folder: no prefect.toml or .env of the worker's
+    record_group(home, process.pid, "fork server")
     return process, path
 
 
@@ -293,6 +303,7 @@ def main(argv: list[str]) -> int:
     path = Path(argv[0])
     parent = int(argv[1]) if len(argv) > 1 else None
     started = time.time()
+    os.umask(PRIVATE_UMASK)  # what its flow processes and ranks create under the home is private
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # read once, at import: the DDP workers it forks use 1 thread
     _warm_up()
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]

@@ -8,6 +8,10 @@ worker (torch, and
 `torch._dynamo` which the first optimizer step pulls in): on a small machine
 that is most of a rescale. Missing standbys are started on demand.
 
+Ranks see only the environment they need (`standby.rank_env`, an allow-list:
+no Prefect settings, no database URL, no password of the worker's) and listen
+on the job's address only (loopback here), never on every interface.
+
 A "GPU" is a CUDA device id passed through CUDA_VISIBLE_DEVICES; on a CPU-only
 machine it is a worker slot. If any worker dies, the others are killed and the
 segment reports `crashed`: the flow then relaunches from the last checkpoint.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -37,10 +42,16 @@ HANDOVER_S = 90.0  # launch -> every rank has opened its log (started its segmen
 ProgressCallback = Callable[[int, float, float], None]  # (iteration, loss, wall time)
 
 
+# The address the ranks of a job listen on, and its interface: this launcher
+# starts every rank on this machine, so loopback. Ranks spread over nodes would
+# bind the address of their node's interface for the job instead; never all.
+JOB_ADDR, JOB_IFNAME = "127.0.0.1", "lo"
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 free right now, for the rendezvous store."""
+    """A TCP port on the job's address free right now, for the rendezvous store."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((JOB_ADDR, 0))
         return int(sock.getsockname()[1])
 
 
@@ -54,9 +65,10 @@ class Segment:
             raise ValueError("a segment needs at least one GPU / worker slot")
         self.spec, self.gpus = spec, list(gpus)
         if workdir is not None:
-            workdir.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"segment-{spec.run_key[:12]}-", dir=workdir))
-        (self.dir / "spec.json").write_text(spec.model_dump_json())
+            workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"segment-{spec.run_key[:12]}-", dir=workdir))  # 0700
+        with open(self.dir / "spec.json", "w", opener=lambda name, flags: os.open(name, flags, 0o600)) as fh:
+            fh.write(spec.model_dump_json())
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pool = pool or POOL
         self.launch_t = 0.0
@@ -72,8 +84,10 @@ class Segment:
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
+                MASTER_ADDR=JOB_ADDR,
                 MASTER_PORT=str(port),
+                GLOO_SOCKET_IFNAME=JOB_IFNAME,  # the collectives' sockets: there too, not the host's address
+                NCCL_SOCKET_IFNAME=JOB_IFNAME,
                 ELASTICFLOW_LAUNCH_T=repr(self.launch_t),
                 ELASTICFLOW_GPUS=",".join(map(str, self.gpus)),
                 # One device per worker: the worker always uses cuda:0 of what it sees.

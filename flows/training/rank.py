@@ -1,7 +1,7 @@
 """One DDP worker process: restore, train until told or done, checkpoint, exit.
 
 Run as `python -m flows.training.rank SEGMENT_DIR` with RANK, WORLD_SIZE,
-MASTER_PORT set by the launcher. Rank 0 polls the control channel; any rank
+MASTER_ADDR, MASTER_PORT set by the launcher. Rank 0 polls the control channel; any rank
 that gets SIGTERM asks to stop. Both are folded into one all-reduce per
 iteration, together with the loss, so every rank stops at the same boundary.
 
@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -76,6 +77,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
+def rendezvous_store(addr: str, port: int, rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
+    """The job's rendezvous store, listening on `addr` only. torch's own
+    TCPStore server listens on every interface (`*:<port>`, unauthenticated);
+    handed a socket already bound to the job's address it listens there. The
+    collectives' own sockets follow GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME,
+    which the launcher sets to the same interface."""
+    if rank != 0:
+        return dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((addr, port))
+    listener.listen(128)
+    # detach: the store owns the descriptor from here on (and closes it)
+    return dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
+
+
 class Worker:
     """State of one rank for one segment."""
 
@@ -97,13 +114,10 @@ class Worker:
         else:
             torch.set_num_threads(1)
             backend = "gloo"
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-            rank=self.rank,
-            world_size=self.world,
-            timeout=timedelta(seconds=self.spec.init_timeout_s),
-        )
+        timeout = timedelta(seconds=self.spec.init_timeout_s)
+        store = rendezvous_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank, self.world,
+                                 timeout)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
         self.timings.rendezvous_t = time.time()
         self.data = load_dataset(self.spec.dataset)
         torch.manual_seed(self.spec.hyperparameters.seed)
@@ -251,6 +265,7 @@ class Worker:
 
 def main(segment_dir: str) -> NoReturn:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    os.umask(0o077)  # checkpoints, logs, progress: private, whoever started this rank
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
                         force=True)  # a worker forked from a flow process inherits its handlers
@@ -289,7 +304,7 @@ def standby() -> int:
         return 0
     order = json.loads(line)
     os.environ.update(order["env"])
-    fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -21,6 +21,37 @@ from typing import IO, Union
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 STANDBY_LOG_ENV = "ELASTICFLOW_STANDBY_LOG"
+EXTRA_ENV = "ELASTICFLOW_RANK_ENV"  # operator's additions to the allow-list, comma-separated names
+
+# What a DDP rank may see of its flow process's environment. Ranks never talk
+# to Prefect or the service's store: no PREFECT_* and no database URL, and none
+# of the worker's secrets (issue 14). A remote checkpoint store's credentials
+# are added by name through ELASTICFLOW_RANK_ENV.
+RANK_ENV_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED",
+                  "PYTHONUNBUFFERED", "VIRTUAL_ENV", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
+                  "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
+RANK_ENV_PREFIXES = ("LC_", "ELASTICFLOW_", "CUDA_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "MKL_",
+                     "OPENBLAS_", "KMP_", "NVIDIA_")
+SECRET_NAMES = {"ELASTICFLOW_DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "DATABASE_URL",
+                "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_PASSWORD"}
+
+
+def is_secret(name: str) -> bool:
+    """Names that carry credentials of the worker or the store."""
+    upper = name.upper()
+    return upper in SECRET_NAMES or any(word in upper for word in ("PASSWORD", "SECRET", "DATABASE_URL"))
+
+
+def rank_env(env: dict[str, str]) -> dict[str, str]:
+    """The part of `env` a rank gets: the allow-list, less anything secret."""
+    extra = {n.strip() for n in env.get(EXTRA_ENV, "").split(",") if n.strip()}
+
+    def allowed(name: str) -> bool:
+        if name in extra:  # the operator said so
+            return True
+        return not is_secret(name) and (name in RANK_ENV_NAMES or name.startswith(RANK_ENV_PREFIXES))
+
+    return {k: v for k, v in env.items() if allowed(k)}
 
 
 class ForkedWorker:
@@ -73,7 +104,7 @@ class WorkerPool:
 
     @staticmethod
     def _spawn() -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
+        env = rank_env(dict(os.environ))
         env["OMP_NUM_THREADS"] = "1"  # read once at process start by the OpenMP runtime
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
         # What it says before it has a segment's log, kept for a crash report;
@@ -134,6 +165,9 @@ class WorkerPool:
                         os.dup2(devnull, 1)
                         os.dup2(devnull, 2)
                         os.close(devnull)
+                        allowed = rank_env(dict(os.environ))  # what a spawned standby would have had
+                        os.environ.clear()
+                        os.environ.update(allowed)
                         rank.run_standby(forked=True)
                     finally:
                         os._exit(1)  # never back into the flow process's code

@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -48,7 +47,8 @@ from elasticflow_block.deadline import (
     resolve_sla,
     step_from_history,
 )
-from elasticflow_block.storage import CheckpointStorage
+from elasticflow_block.hyperparameters import Hyperparameters
+from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
 from scheduler_service.contracts import Rejection, StateName
 
 
@@ -295,16 +295,14 @@ def _current_flow_name() -> str | None:
     return context.flow.name if context is not None and context.flow is not None else None
 
 
-def _total_from_status(run_id: str, params: dict[str, Any]) -> int | None:
-    """The run's total iterations from its status file (None when this process cannot see it)."""
-    from flows.training.control import FileControlChannel, default_control_root
-
-    root = params.get("control_dir") or default_control_root()
+def _total_reported(flow_run: Any) -> int | None:
+    """The total iterations the run reported (its `elasticflow.total_iterations`
+    label, set by the flow as it trains; None if it never did)."""
     try:
-        status = FileControlChannel(run_id, Path(root)).status()
-    except OSError:
+        total = int((flow_run.labels or {}).get("elasticflow.total_iterations", 0))
+    except (TypeError, ValueError):
         return None
-    return status.total_iterations if status is not None and status.total_iterations > 0 else None
+    return total if total > 0 else None
 
 
 def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> TrainedModel:
@@ -314,8 +312,6 @@ def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> 
     way it derives it: store root from the run's `checkpoint_store` parameter
     (default `$ELASTICFLOW_HOME/checkpoints`), run key = flow run id.
     """
-    from flows.training.runtime import resolve_checkpoint_url
-
     run_id = str(flow_run.id)
     params = dict(flow_run.parameters or {})
     root = resolve_checkpoint_url(params.get("checkpoint_store"))
@@ -329,7 +325,7 @@ def _checkpoint_of(flow_run: Any, request: TrainRequest, plan: DeadlinePlan) -> 
             run_id, state.type.value if state else None, state.name if state else None,
         )
     iteration = done[-1]
-    total = request.iterations or _total_from_status(run_id, params)  # `epochs`: the run knew its total
+    total = request.iterations or _total_reported(flow_run)  # `epochs`: the run knew its total
     if total is not None and iteration < total:
         raise TrainingFailed(
             f"train flow run {run_id} completed after {iteration}/{total} iterations "
@@ -437,8 +433,6 @@ def train_model(
         history=history or HistoryPolicy(), deployment=deployment or f"train/{model}",
     )
     if request.hyperparameters:
-        from flows.training.params import Hyperparameters
-
         Hyperparameters.model_validate(request.hyperparameters)  # a typo fails here, not after a queue wait
     steps = [DownstreamStep(name=k, expected=v, source="given") for k, v in request.downstream_given.items()]
     if request.downstream_learned:

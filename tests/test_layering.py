@@ -65,7 +65,6 @@ def _imports_of(package: Path) -> set[str]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="elasticflow_block/pipeline.py still imports flows.training (issue 11)")
 def test_elasticflow_block_does_not_import_flows() -> None:
     """`flows` builds on `elasticflow_block` (storage, home, the block), never the reverse."""
     assert "flows" not in _imports_of(ROOT / "elasticflow_block")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from elasticflow_block.deadline import relative_seconds
+from elasticflow_block.hyperparameters import Hyperparameters
 from flows.training.datasets import DatasetSpec
 from flows.training.models import data_kind, resolve_factory
 
@@ -42,23 +43,6 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
     if moment.tzinfo is None:
         raise ValueError(f"deadline {value!s} has no time zone; add one (e.g. +00:00 or Z)")
     return moment
-
-
-class Hyperparameters(BaseModel):
-    """Optimisation settings. The global batch size is fixed for the whole run,
-    whatever the number of GPUs: that is what keeps resizing invisible to SGD."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    global_batch_size: int = Field(default=32, ge=1)
-    learning_rate: float = Field(default=0.05, gt=0)
-    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    max_micro_batch: int | None = Field(
-        default=None, ge=1, description="largest per-worker forward pass; larger shards use gradient accumulation"
-    )
-    seed: int = Field(default=0, ge=0, description="model init and data order")
 
 
 class TrainParameters(BaseModel):

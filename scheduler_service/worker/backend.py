@@ -138,13 +138,17 @@ class LocalProcesses:
         pid = self._local_pid(infrastructure_id)
         if pid is None or (run_id is not None and not is_flow_process(pid, run_id)):
             raise InfrastructureGone(infrastructure_id)
+
+        def there() -> bool:  # a reaped or reused PID is not that run any more
+            return is_flow_process(pid, run_id) if run_id is not None else _exists(pid)
+
         _send(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if not _exists(pid):
+            if not there():
                 return
             time.sleep(0.2)
-        if run_id is None or is_flow_process(pid, run_id):
+        if there():
             _send(pid, signal.SIGKILL)
 
     def _local_pid(self, infrastructure_id: str | None) -> int | None:

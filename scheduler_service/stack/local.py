@@ -127,6 +127,8 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     submit runs."""
     import asyncio
 
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from scheduler_service.stack.deployments import MODELS, deploy, deploy_pipeline, ensure_pool
 
     settings = {**stack_env(home, port), **(env or {})}
@@ -146,11 +148,13 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
         server.start()
         assert server.process is not None
         wait_healthy(settings["PREFECT_API_URL"], server.process)
-        asyncio.run(ensure_pool(POOL))
-        worker.start()  # boots meanwhile
-        with open(logs / "deploy.log", "a") as log, redirect_stdout(log):  # Prefect prints a table per deploy
-            deployed = deploy(POOL, models or MODELS)
-            deployed["pipeline/daily"] = deploy_pipeline(POOL, paused=not schedules)
+        # this process's Prefect settings may predate the environment set above
+        with temporary_settings(updates={PREFECT_API_URL: settings["PREFECT_API_URL"]}):
+            asyncio.run(ensure_pool(POOL))
+            worker.start()  # boots meanwhile
+            with open(logs / "deploy.log", "a") as log, redirect_stdout(log):  # Prefect prints a table per deploy
+                deployed = deploy(POOL, models or MODELS)
+                deployed["pipeline/daily"] = deploy_pipeline(POOL, paused=not schedules)
         yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
                          server, worker)
     finally:

@@ -1,0 +1,103 @@
+"""`elasticflow up`'s stack under faults (issue 14): a worker killed with
+SIGKILL is restarted and the run it had launched completes in the same flow
+run; the ranks of that run see no secret of the worker's and listen on
+loopback only; what the stack writes under its home is private; stopping the
+stack spares a process that merely exported the same ELASTICFLOW_HOME."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.privilege import environ, listening, too_open
+from tests.stack import MLP_CURVE, stack_settings, wait_until
+
+pytestmark = pytest.mark.slow
+
+WORKER_SECRETS = {"PGPASSWORD": "hunter2"}
+
+
+def _iteration(home: Path, run_id: str) -> int:
+    try:
+        return int(json.loads((home / "control" / run_id / "status.json").read_text()).get("iteration", 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def _ranks(home: Path, run_id: str) -> list[int]:
+    """The DDP ranks of a run: its recorded process group, less its leader (the flow process)."""
+    from scheduler_service.stack.groups import groups_of
+
+    # boot's group (the relay, alone in a warm start) and the flow process's
+    return [pid for group in groups_of(home) if group.what == f"flow run {run_id}"
+            for pid in group.members() if pid != group.pgid]
+
+
+def test_a_killed_worker_is_restarted_and_its_run_completes_in_the_same_flow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from scheduler_service.stack.local import free_port, local_stack, stack_env
+    from scheduler_service.store import save_curve
+
+    home, port = tmp_path / "home", free_port()
+    settings = {**stack_settings(tmp_path), **WORKER_SECRETS,
+                "ELASTICFLOW_DATABASE_URL": f"sqlite:///{home / 'elasticflow.db'}"}  # the default store, named
+    for key, value in {**stack_env(home, port), **settings}.items():
+        monkeypatch.setenv(key, value)  # local_stack sets them in this process too: put back afterwards
+    bystander = subprocess.Popen(["sleep", "900"], env=dict(os.environ), start_new_session=True)
+    try:
+        with local_stack(home, port, env=settings, models=("mlp",), schedules=False) as stack, \
+                temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
+            save_curve("mlp", 32, MLP_CURVE)
+            worker_log = stack.logs / "worker.log"
+            wait_until(lambda: "started!" in worker_log.read_text(errors="replace"), 180, "the worker to start")
+            deadline = datetime.now(timezone.utc) + timedelta(minutes=10)
+            run = run_deployment("train/mlp", timeout=0, parameters={
+                "iterations": 3000, "deadline": deadline.isoformat(), "checkpoint_interval": 100,
+                "hyperparameters": {"global_batch_size": 32}, "device": "cpu"})
+            run_id = str(run.id)
+            wait_until(lambda: _iteration(home, run_id) > 0, 240, "the run to train")
+
+            ranks = wait_until(lambda: _ranks(home, run_id), 30, "the run's ranks")
+            for pid in ranks:
+                seen = environ(pid)
+                assert not {"PGPASSWORD", "ELASTICFLOW_DATABASE_URL"} & set(seen), (pid, sorted(seen))
+            sockets = listening(ranks)
+            assert sockets and all(s.startswith("127.0.0.1:") for s in sockets), sockets
+
+            os.kill(stack.worker.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            said: list[str] = []
+            wait_until(lambda: said.extend(stack.supervise()) or any("restarted" in s for s in said), 60,
+                       "the worker to be restarted")
+            assert any("the worker exited with status -9" in s for s in said), said
+            wait_until(lambda: worker_log.read_text(errors="replace").count("started!") >= 2, 180,
+                       "the restarted worker to start")
+
+            def final() -> object:
+                stack.supervise()
+                with get_client(sync_client=True) as client:
+                    state = client.read_flow_run(run.id).state
+                return state if state is not None and state.is_final() else None
+
+            state = wait_until(final, 400, "the run to finish")
+            with get_client(sync_client=True) as client:
+                ended = client.read_flow_run(run.id)
+            assert state.is_completed(), (state, worker_log.read_text()[-3000:])
+            assert ended.run_count == 1  # the same flow run, never restarted
+            assert _iteration(home, run_id) == 3000
+        assert bystander.poll() is None, "stopping the stack signalled a process that only shares its home"
+        assert too_open(home) == [], "files under the home readable by others"
+    finally:
+        bystander.kill()
+        bystander.wait()

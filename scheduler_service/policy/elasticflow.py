@@ -13,12 +13,14 @@ in deadline order, and can crowd out later jobs.
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from typing import Mapping
 
 from scheduler_service.policy.admission import (
     Candidate,
     migration_allowance,
     earliest_deadline,
+    displace,
     placeable_throughout,
     plan_all,
     plan_one,
@@ -39,6 +41,10 @@ from scheduler_service.policy.timeline import Timeline
 from scheduler_service.policy.topology import Topology
 
 
+REPLAN_ALL_UP_TO = 1_000  # admitted jobs; see _replan_with
+DISPLACE_AT_MOST = 4
+
+
 class ElasticFlowPolicy(SchedulingPolicy):
     name = "elasticflow"
 
@@ -52,6 +58,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.levels: dict[str, tuple[int, ...]] = {}
         self.plans: dict[str, Plan] = {}  # deadline jobs with a reservation
         self.guaranteed: set[str] = set()  # those whose plan meets the deadline
+        self.by_deadline: list[tuple[float, str]] = []  # (deadline, id) of admitted deadline jobs, sorted
 
     # -- the one entry point -------------------------------------------------
     def schedule(self, request: SchedulingRequest) -> SchedulingReply:
@@ -129,9 +136,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
                 return refusal
             self._reserve(job, plan, guaranteed=True)
             return self._admit(job, plan)
-        replanned = plan_all(
-            [self._candidate(j, status, slot) for j in self.guaranteed] + [cand], slot, self.topology.num_gpus, self.clock
-        )
+        replanned = self._replan_with(cand, slot, status)
         if not isinstance(replanned, str):
             timeline, plans = replanned
             timeline.add(plans[job.job_id].runs, sign=-1)  # what the others leave
@@ -146,6 +151,28 @@ class ElasticFlowPolicy(SchedulingPolicy):
             f"the GPUs it would need before its deadline are reserved by {len(self.guaranteed)} admitted jobs",
             earliest_deadline(cand, slot, self.timeline, self.clock),
         )
+
+    def _replan_with(self, cand: Candidate, slot: int, status: Mapping[str, JobStatus]) -> tuple[Timeline, dict[str, Plan]] | str:
+        """Re-plan admitted jobs together with the newcomer. Up to
+        REPLAN_ALL_UP_TO admitted jobs, all of them in deadline order on an
+        empty timeline (which also drops what jobs that ran ahead no longer
+        need). Beyond, that costs tens of milliseconds a decision, so only the
+        DISPLACE_AT_MOST admitted jobs due soonest after the newcomer that
+        hold slots in its window are re-planned around it (bench/admission.py)."""
+        if len(self.guaranteed) <= REPLAN_ALL_UP_TO:
+            return plan_all([self._candidate(j, status, slot) for j in self.guaranteed] + [cand],
+                            slot, self.topology.num_gpus, self.clock)
+        assert cand.job.deadline is not None
+        end = self.clock.slot_after(cand.job.deadline)
+        movable = []
+        for i in range(bisect_right(self.by_deadline, (cand.job.deadline, "\uffff")), len(self.by_deadline)):
+            job_id = self.by_deadline[i][1]
+            plan = self.plans.get(job_id)
+            if job_id in self.guaranteed and plan is not None and any(r.start < end and r.end > slot for r in plan.runs):
+                movable.append(self._candidate(job_id, status, slot))
+                if len(movable) == DISPLACE_AT_MOST:
+                    break
+        return displace(cand, movable, slot, self.timeline, self.clock)
 
     def _refuse(self, cand: Candidate, plan: Plan, others: Timeline, slot: int) -> Decision | None:
         """A rejection for a job that could be guaranteed, or None to admit it.
@@ -193,6 +220,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.timeline.add(plan.runs)
         if guaranteed:
             self.guaranteed.add(job.job_id)
+            insort(self.by_deadline, (job.deadline, job.job_id))
 
     def _adopt(self, job: Job, replanned: tuple[Timeline, dict[str, Plan]]) -> None:
         timeline, plans = replanned
@@ -200,11 +228,17 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.jobs[job.job_id] = job
         self.plans.update(plans)
         self.guaranteed.add(job.job_id)
+        insort(self.by_deadline, (job.deadline, job.job_id))
 
     def _forget(self, job_id: str, slot: int) -> None:
         plan = self.plans.pop(job_id, None)
         if plan is not None:
             self.timeline.add(plan.runs, sign=-1, since=slot)
+        if job_id in self.guaranteed:
+            key = (self.jobs[job_id].deadline, job_id)
+            i = bisect_right(self.by_deadline, key) - 1
+            if i >= 0 and self.by_deadline[i] == key:
+                del self.by_deadline[i]
         self.guaranteed.discard(job_id)
         self.jobs.pop(job_id, None)
         self.levels.pop(job_id, None)

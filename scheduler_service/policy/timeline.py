@@ -21,6 +21,11 @@ class Timeline:
         self._starts: list[int] = [origin]
         self._used: list[int] = [0]
 
+    def copy(self) -> "Timeline":
+        other = Timeline(self.capacity)
+        other._starts, other._used = list(self._starts), list(self._used)
+        return other
+
     def free_at(self, slot: int) -> int:
         i = bisect_right(self._starts, slot) - 1
         return self.capacity - self._used[max(i, 0)]
@@ -74,19 +79,19 @@ class Timeline:
                 continue
             a = self._split(start)
             b = self._split(run.end)
+            used = self._used
             for k in range(a, b):
-                self._used[k] += sign * run.gpus
-        self._merge()
+                used[k] += sign * run.gpus
+            self._merge(b)
+            self._merge(a)
 
-    def _merge(self) -> None:
-        starts, used = self._starts, self._used
-        k = 1
-        while k < len(starts):
-            if used[k] == used[k - 1]:
-                del starts[k]
-                del used[k]
-            else:
-                k += 1
+    def _merge(self, k: int) -> None:
+        """Join segment k with the one before it if they hold the same; only
+        the edges of a changed range can have become equal, so merging there
+        keeps the list minimal without scanning it (admission at 10,000 jobs)."""
+        if 0 < k < len(self._starts) and self._used[k] == self._used[k - 1]:
+            del self._starts[k]
+            del self._used[k]
 
     def advance(self, slot: int) -> None:
         """Forget the past before `slot` (it can no longer be planned)."""

@@ -1,6 +1,8 @@
 """Admission control and allocation through the policy's one entry point."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler_service.policy import (
     Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, Topology, make_policy,
@@ -109,3 +111,46 @@ def test_decisions_do_not_depend_on_the_clock_origin():
         return out
 
     assert decide(0.0) == decide(1.8e9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 30), st.integers(1, 8)), max_size=20))
+def test_the_timeline_stays_minimal_and_releases_exactly(runs):
+    """Merging only where a change ends keeps no two neighbouring segments
+    equal, and releasing what was reserved gives back the empty timeline."""
+    from scheduler_service.policy.plan import Run
+    from scheduler_service.policy.timeline import Timeline
+
+    tl = Timeline(64)
+    plan = [Run(s, s + n, g) for s, n, g in runs]
+    tl.add(plan)
+    used = [u for _, u in tl.segments()]
+    assert all(a != b for a, b in zip(used, used[1:]))
+    for slot in range(0, 90):
+        assert 64 - tl.free_at(slot) == sum(r.gpus for r in plan if r.start <= slot < r.end)
+    tl.add(plan, sign=-1)
+    assert tl.segments() == [(0, 0)]
+
+
+def test_beyond_the_full_re_plan_displacing_a_few_jobs_keeps_the_guarantee(monkeypatch):
+    """Past REPLAN_ALL_UP_TO admitted jobs a newcomer that does not fit is
+    re-planned only with a few jobs due after it; admitted jobs still meet
+    their deadlines."""
+    import random
+
+    from scheduler_service.policy import elasticflow
+    from scheduler_service.simulator.engine import simulate
+    from scheduler_service.simulator.metrics import summarize
+
+    monkeypatch.setattr(elasticflow, "REPLAN_ALL_UP_TO", 0)
+    curve = ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.5, 8: 6.0})
+    for seed in range(4):
+        rng = random.Random(seed)
+        jobs, t = [], 0.0
+        for i in range(40):
+            t += rng.expovariate(1 / 600)
+            duration = rng.uniform(600, 20_000)
+            jobs.append(Job(str(i), t, duration * curve.speed(1), t + rng.uniform(0.5, 1.5) * duration, curve))
+        result = summarize(simulate(jobs, make_policy("elasticflow", Topology(1, 1, 8), 60.0)))
+        assert result.admitted_missed == 0
+        assert result.admitted > 0 and result.rejected > 0

@@ -90,5 +90,27 @@ class SchedulingPolicy(ABC):
                 continue
             st = status.get(job_id) or JobStatus(jobs[job_id].iterations)
             delay = st.overhead_left if gpus == st.gpus else self.clock.overhead(gpus)
-            out[job_id] = now + delay + st.remaining / jobs[job_id].curve.speed(gpus)
+            out[job_id] = now + delay + st.remaining / self.speed(jobs[job_id], gpus)
         return out
+
+    def reply(
+        self,
+        request: SchedulingRequest,
+        decisions: Sequence[Decision],
+        allocation: dict[str, int],
+        jobs: Mapping[str, Job],
+        wake_at: float | None = None,
+        pinned: frozenset[str] | set[str] = frozenset(),
+    ) -> SchedulingReply:
+        """The reply as every policy sends it: the allocation placed as buddy
+        blocks (moving `pinned` jobs only if nothing else works) and when each
+        job would finish at its new width; one place, so no policy forgets a
+        job that has not reported a status yet (a newcomer)."""
+        status = {j: request.status.get(j) or JobStatus(jobs[j].iterations) for j in allocation}
+        return SchedulingReply(
+            decisions=list(decisions),
+            allocation=allocation,
+            placement=self.placer.place(allocation, pinned),
+            wake_at=wake_at,
+            projected_finish=self.projected_finish(jobs, allocation, status, request.now),
+        )

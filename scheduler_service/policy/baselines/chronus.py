@@ -328,13 +328,7 @@ class ChronusPolicy(SchedulingPolicy):
         if deadlines:  # a missed deadline turns the job best-effort: re-plan then
             due = math.ceil(min(deadlines) / self.clock.interval - 1e-9) * self.clock.interval
             wake = due if wake is None else min(wake, due)
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=self.placer.place(alloc, pinned=running),
-            wake_at=wake,
-            projected_finish=self.projected_finish(self.jobs, alloc, status, now),
-        )
+        return self.reply(request, decisions, alloc, self.jobs, wake_at=wake, pinned=running)
 
     # -- admission ------------------------------------------------------------
     def _demand(self, job_id: str, st: JobStatus) -> Demand:

@@ -15,7 +15,7 @@ from scheduler_service.policy.interface import (
     SchedulingReply,
     SchedulingRequest,
 )
-from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.jobs import Job
 from scheduler_service.policy.topology import Topology
 
 
@@ -55,13 +55,7 @@ class EDFPolicy(SchedulingPolicy):
             width = self.width[job.job_id]
             alloc[job.job_id] = width if width <= free else 0
             free -= alloc[job.job_id]
-        status = {j: request.status.get(j) or JobStatus(self.jobs[j].iterations) for j in alloc}
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=self.placer.place(alloc),
-            projected_finish=self.projected_finish(self.jobs, alloc, status, request.now),
-        )
+        return self.reply(request, decisions, alloc, self.jobs)
 
 
 class EDFAdmitPolicy(ElasticFlowPolicy):

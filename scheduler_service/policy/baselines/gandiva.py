@@ -37,7 +37,7 @@ from scheduler_service.policy.interface import (
     SchedulingReply,
     SchedulingRequest,
 )
-from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.jobs import Job
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.topology import Topology
 
@@ -77,14 +77,7 @@ class GandivaPolicy(SchedulingPolicy):
         elif self.next_switch is None or now >= self.next_switch - 1e-6:
             self.next_switch = now + self.quantum
 
-        status = {j: request.status.get(j) or JobStatus(self.jobs[j].iterations) for j in alloc}
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=self.placer.place(alloc),
-            wake_at=self.next_switch,
-            projected_finish=self.projected_finish(self.jobs, alloc, status, now),
-        )
+        return self.reply(request, decisions, alloc, self.jobs, wake_at=self.next_switch)
 
     def _admit(self, job: Job) -> Decision:
         width = requested_width(job, self.topology)

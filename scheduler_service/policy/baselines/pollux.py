@@ -244,13 +244,8 @@ class PolluxPolicy(SchedulingPolicy):
         for job_id, gpus in alloc.items():
             self.batch[job_id], self.gain[job_id] = self._choice(self.jobs[job_id], gpus)
         adaptive = any(self._data(self.jobs[j]) is not None for j in alloc)
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=self.placer.place(alloc),
-            wake_at=request.now + self.clock.interval if adaptive else None,
-            projected_finish=self._projected(alloc, status, request.now),
-        )
+        return self.reply(request, decisions, alloc, self.jobs,
+                          wake_at=request.now + self.clock.interval if adaptive else None)
 
     def _arrive(self, job: Job) -> Decision:
         self.jobs[job.job_id] = job
@@ -312,11 +307,3 @@ class PolluxPolicy(SchedulingPolicy):
                 heapq.heappush(heap, nxt)
         return alloc
 
-    def _projected(self, alloc: Mapping[str, int], status: Mapping[str, JobStatus], now: float) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for job_id, gpus in alloc.items():
-            if gpus:
-                st = status[job_id]
-                delay = st.overhead_left if gpus == st.gpus else self.clock.overhead(gpus)
-                out[job_id] = now + delay + st.remaining / self.speed(self.jobs[job_id], gpus)
-        return out

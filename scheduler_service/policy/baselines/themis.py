@@ -42,7 +42,7 @@ from scheduler_service.policy.interface import (
     SchedulingReply,
     SchedulingRequest,
 )
-from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.jobs import Job
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.topology import Topology
 
@@ -125,14 +125,7 @@ class ThemisPolicy(SchedulingPolicy):
         waiting = any(not g for g in alloc.values())
         ends = [s.lease_end for s in self.states.values() if s.gpus and s.lease_end > now + 1e-6]
         jobs = {j: s.job for j, s in self.states.items()}
-        status = {j: request.status.get(j) or JobStatus(jobs[j].iterations) for j in alloc}
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=self.placer.place(alloc),
-            wake_at=min(ends) if waiting and ends else None,
-            projected_finish=self.projected_finish(jobs, alloc, status, now),
-        )
+        return self.reply(request, decisions, alloc, jobs, wake_at=min(ends) if waiting and ends else None)
 
     def _admit(self, job: Job) -> Decision:
         width = requested_width(job, self.topology)

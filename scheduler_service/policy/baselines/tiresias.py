@@ -35,7 +35,7 @@ from scheduler_service.policy.interface import (
     SchedulingReply,
     SchedulingRequest,
 )
-from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.jobs import Job
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.topology import Topology
 
@@ -92,14 +92,7 @@ class TiresiasPolicy(SchedulingPolicy):
             state.gpus = gpus
             free -= gpus
         jobs = {j: s.job for j, s in self.states.items()}
-        status = {j: request.status.get(j) or JobStatus(jobs[j].iterations) for j in alloc}
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=self.placer.place(alloc),
-            wake_at=self._next_jump(now),
-            projected_finish=self.projected_finish(jobs, alloc, status, now),
-        )
+        return self.reply(request, decisions, alloc, jobs, wake_at=self._next_jump(now))
 
     def _admit(self, job: Job, now: float) -> Decision:
         width = requested_width(job, self.topology)

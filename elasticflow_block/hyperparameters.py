@@ -9,18 +9,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+MAX_BATCH = 65536  # samples in a global batch: beyond it, a bad value, not a training run
+
+
 class Hyperparameters(BaseModel):
     """Optimisation settings. The global batch size is fixed for the whole run,
     whatever the number of GPUs: that is what keeps resizing invisible to SGD."""
 
     model_config = ConfigDict(extra="forbid")
 
-    global_batch_size: int = Field(default=32, ge=1)
+    global_batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
     learning_rate: float = Field(default=0.05, gt=0)
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
     max_micro_batch: int | None = Field(
-        default=None, ge=1, description="largest per-worker forward pass; larger shards use gradient accumulation"
+        default=None, ge=1, le=MAX_BATCH,
+        description="largest per-worker forward pass; larger shards use gradient accumulation"
     )
     seed: int = Field(default=0, ge=0, description="model init and data order")

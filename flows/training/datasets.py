@@ -9,6 +9,8 @@ would depend on the number of workers.
 
 from __future__ import annotations
 
+import os
+
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +190,24 @@ DATASETS: dict[str, DatasetEntry] = {
     "npz": DatasetEntry(npz_arrays, True, ".npz with x and y arrays"),
     "tokens": DatasetEntry(token_file, True, "token ids in a .npy or raw binary file"),
 }
+
+
+def check_dataset(name: str, path: Path) -> None:
+    """Cheap checks that a dataset on disk can be read as `name`, without
+    loading it: it exists and is readable, and an `.npz` is an archive of
+    arrays (never pickles). Raises OSError or ValueError saying what is wrong."""
+    if not path.exists():
+        raise ValueError("no such file or folder")
+    if not os.access(path, os.R_OK):
+        raise ValueError("not readable")
+    if name == "npz":
+        with np.load(path, allow_pickle=False) as arrays:  # an archive's index only
+            if not hasattr(arrays, "files"):
+                raise ValueError("not an .npz archive of arrays")
+    elif name == "tokens" and path.suffix == ".npy":
+        np.load(path, mmap_mode="r", allow_pickle=False)
+    elif name == "cifar10" and not path.is_dir():
+        raise ValueError("expects the folder of CIFAR-10 python batches")
 
 
 def load_dataset(spec: DatasetSpec) -> TensorData:

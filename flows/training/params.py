@@ -8,6 +8,7 @@ any process is launched or GPU is held.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from elasticflow_block.deadline import relative_seconds
 from elasticflow_block.hyperparameters import Hyperparameters
 from flows.training.datasets import DatasetSpec
-from flows.training.models import data_kind, resolve_factory
+from flows.training.models import data_kind, is_import_path, resolve_factory
 
 
 
@@ -27,6 +28,8 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
     time zone is a missed deadline.
     """
     now = now or datetime.now(timezone.utc)
+    if not isinstance(value, (str, datetime)):
+        raise ValueError(f"deadline {value!r} is not a time: give ISO-8601 with a zone, or relative (e.g. +2h)")
     if isinstance(value, datetime):
         moment = value
     else:
@@ -45,6 +48,14 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
     return moment
 
 
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+BEST_EFFORT = "none"  # `deadline=none`: best-effort, said explicitly
+# Bounds on what a user sets, so that no number is too large to plan, to
+# print as a date or to allocate: far beyond any real training run.
+MAX_ITERATIONS = 10**9
+MAX_EPOCHS = 10**5
+
+
 class TrainParameters(BaseModel):
     """Everything the `train` flow needs; every field has a usable default."""
 
@@ -54,33 +65,42 @@ class TrainParameters(BaseModel):
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: DatasetSpec | None = None
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
-    iterations: int | None = Field(default=None, ge=1)
-    epochs: float | None = Field(default=None, gt=0)
+    iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
+    epochs: float | None = Field(default=None, gt=0, le=MAX_EPOCHS)
     deadline: datetime | None = None
     best_effort: bool = False
     gpu_plan: list[list[int]] = Field(default_factory=lambda: [[0]], description="GPU sets, used in order")
     switch_at: list[int] = Field(default_factory=list, description="iterations at which to move to the next GPU set")
-    checkpoint_interval: int = Field(default=50, ge=1)
-    keep_checkpoints: int = Field(default=3, ge=1)
+    checkpoint_interval: int = Field(default=50, ge=1, le=MAX_ITERATIONS)
+    keep_checkpoints: int = Field(default=3, ge=1, le=1000)
     checkpoint_store: str | None = Field(
         default=None, description="fsspec URL, or name of a saved CheckpointStore block"
     )
     control_dir: str | None = Field(default=None, description="root of the file control channel")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_restarts: int = Field(default=3, ge=0, description="relaunches after a crashed segment")
+    max_restarts: int = Field(default=3, ge=0, le=100, description="relaunches after a crashed segment")
     run_key: str | None = Field(default=None, description="checkpoint/control key; defaults to the flow run id")
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, value: str) -> str:
-        resolve_factory(value)
+    def _known_model(cls, value: str, info: ValidationInfo) -> str:
+        # The scheduler never imports a user's model code into its own
+        # process (`import_models=False`): the path's shape is checked there,
+        # the import happens in the run's own processes (profiling, training).
+        if (info.context or {}).get("import_models", True) or not is_import_path(value):
+            resolve_factory(value)
+        elif not _IMPORT_PATH.match(value):
+            raise ValueError(f"model {value!r} is not a 'pkg.module:factory' import path")
         return value
 
     @field_validator("deadline", mode="before")
     @classmethod
     def _parse_deadline(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is None or value == "":
+        if value is None or (isinstance(value, str) and value.strip().lower() == BEST_EFFORT):
             return None
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"is empty: give a time (ISO-8601 with a zone, or +2h), or {BEST_EFFORT!r} for "
+                             "a best-effort run")
         context = info.context or {}
         now = context.get("now")
         moment = parse_deadline(value, now)

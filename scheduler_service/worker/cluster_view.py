@@ -36,10 +36,38 @@ DESCRIPTION = "ElasticFlow cluster"
 REFRESH_S = 30.0  # progress alone refreshes the artifact at most this often
 HISTORY = 500  # allocation samples kept for the plot
 FINISHED_SHOWN = 20  # finished runs still listed, with whether they met their deadline
+# A run's own rate, as the view projects with it: iterations over the last
+# RATE_WINDOW_S of its status (at least RATE_MIN_SPAN_S of it), not the
+# flow's 20-iteration window, which swings by hours right after a resize.
+RATE_WINDOW_S = 120.0
+RATE_MIN_SPAN_S = 30.0
+# Hysteresis: at risk when the projection comes within the margin of the
+# deadline, recovered only once it is back beyond RECOVER_FACTOR margins.
+RECOVER_FACTOR = 1.5
 
 
 def _dt(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
+
+
+class Progress:
+    """(time, iteration) samples of one run, to project its finish from a rate
+    measured over minutes rather than over its last few iterations."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def projected(self, now: float, iteration: int, total: float) -> datetime | None:
+        if not self.samples or iteration != self.samples[-1][1] or now - self.samples[-1][0] >= RATE_WINDOW_S / 4:
+            self.samples.append((now, iteration))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.popleft()
+        (t0, i0), i1 = self.samples[0], self.samples[-1][1]
+        if now - t0 < RATE_MIN_SPAN_S or i1 < i0:
+            return None  # too little seen (or a restart from a checkpoint): the flow's own projection stands
+        if i1 == i0:
+            return _dt(now + RATE_WINDOW_S * 100)  # not moving (parked): it will not make it as things stand
+        return _dt(now + (total - iteration) * (now - t0) / (i1 - i0))
 
 
 class ClusterView:
@@ -54,6 +82,7 @@ class ClusterView:
         self._last_progress: dict[str, int] = {}
         self._last_sent = 0.0
         self._live: dict[str, tuple[JobView, RunState]] = {}  # last view of each unfinished run
+        self._progress: dict[str, Progress] = {}  # of each unfinished run
         self.finished: deque[JobView] = deque(maxlen=FINISHED_SHOWN)
 
     def restore(self, changes: list[tuple[datetime, str, int]], deadlines: dict[str, datetime]) -> None:
@@ -72,15 +101,22 @@ class ClusterView:
             if run.phase in (Phase.FINISHED, Phase.PROFILING):
                 continue
             status = run.status()
-            finish = status.projected_finish if status is not None else None
+            # The run's own rate once it has shown one for a while; until then
+            # the plan's projection, which does not swing; the flow's last.
+            finish = _dt(run.projected_finish) or (status.projected_finish if status is not None else None)
+            if status is not None and status.iteration > 0:
+                own = self._progress.setdefault(run_id, Progress()).projected(now, status.iteration, run.job.iterations)
+                finish = own or finish
             jobs.append(JobView(
                 name=run.name or run_id[:8], flow_run_id=run_id, model=run.job.model or "?",
                 status=run.phase.value if isinstance(run.phase, Phase) else str(run.phase), share=run.share,
                 gpus=sorted(run.held), iterations_done=float(status.iteration if status is not None else 0),
-                iterations_total=run.job.iterations, projected_finish=finish or _dt(run.projected_finish),
+                iterations_total=run.job.iterations, projected_finish=finish,
                 deadline=_dt(run.deadline),
             ))
         self._retire({job.flow_run_id for job in jobs}, now)
+        self._progress = {job.flow_run_id: self._progress[job.flow_run_id] for job in jobs
+                          if job.flow_run_id in self._progress}
         self._live = {job.flow_run_id: (job, runs[job.flow_run_id]) for job in jobs}
         topology = self.cluster.topology
         return ClusterSnapshot(at=_dt(now), topology=topology.describe(), nodes=list(self.cluster.nodes),
@@ -107,10 +143,11 @@ class ClusterView:
             if job.deadline is None or job.status != "running":
                 continue
             risky = deadline_risk(job.projected_finish, job.deadline, self.margin)
+            safe = not deadline_risk(job.projected_finish, job.deadline, self.margin * RECOVER_FACTOR)
             if risky and job.flow_run_id not in self.at_risk:
                 self.at_risk.add(job.flow_run_id)
                 changes.append(("at-risk", job))
-            elif not risky and job.flow_run_id in self.at_risk:
+            elif safe and job.flow_run_id in self.at_risk:
                 self.at_risk.discard(job.flow_run_id)
                 changes.append(("recovered", job))
         live = {job.flow_run_id for job in snapshot.jobs}

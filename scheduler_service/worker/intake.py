@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from flows.training.control import FileControlChannel
@@ -59,7 +60,7 @@ def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
     raw = {k: v for k, v in (parameters or {}).items() if v is not None}
     try:
         params = TrainParameters.model_validate(
-            raw, context={"admitted": True, "now": datetime.fromtimestamp(now, timezone.utc)})
+            raw, context={"admitted": True, "now": datetime.fromtimestamp(now, timezone.utc), "import_models": False})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'parameters'}: "
                              f"{str(e['msg']).removeprefix('Value error, ')}"
@@ -73,6 +74,50 @@ def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
             raise InvalidRun(f"dataset: {type(exc).__name__}: {exc}") from None
     deadline = None if params.deadline is None else params.deadline.timestamp()
     return Request(params, float(iterations), deadline)
+
+
+def confine(request: Request, roots: list[Path], schemes: frozenset[str]) -> None:
+    """Where a run may read and write: checkpoints and data inside the allowed
+    roots (`ELASTICFLOW_HOME` and the operator's `ELASTICFLOW_ALLOWED_ROOTS`),
+    remote stores only by a scheme the operator listed; a dataset must be
+    readable and in its format now, before the run holds a GPU."""
+    params = request.params
+    store = params.checkpoint_store
+    if store:
+        scheme, sep, rest = store.partition("://")
+        if sep and scheme != "file" and scheme not in schemes:
+            raise InvalidRun(f"checkpoint_store: the scheme {scheme!r} is not allowed here (allowed: "
+                             f"{', '.join(sorted(schemes)) or 'none'}; the operator lists them in "
+                             "ELASTICFLOW_STORAGE_SCHEMES)")
+        if sep and scheme == "file":
+            _inside(rest, "checkpoint_store", roots)
+        elif not sep and (store.startswith((".", "~")) or "/" in store):
+            _inside(store, "checkpoint_store", roots)
+        # else: the name of a saved CheckpointStore block, which the operator made
+    dataset = params.dataset
+    if dataset is not None and dataset.path:
+        path = _inside(dataset.path, "dataset", roots)
+        from flows.training.datasets import check_dataset
+
+        try:
+            check_dataset(dataset.name, path)
+        except (OSError, ValueError) as exc:
+            raise InvalidRun(f"dataset: {dataset.name}:{dataset.path} cannot be read as {dataset.name}: {exc}") from None
+
+
+def _inside(value: str, field: str, roots: list[Path]) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise InvalidRun(f"{field}: {value!r} must be an absolute path (inside {_listed(roots)})")
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(root.resolve()) for root in roots):
+        raise InvalidRun(f"{field}: {value!r} is outside what this service may use ({_listed(roots)}); the "
+                         "operator allows more roots with ELASTICFLOW_ALLOWED_ROOTS")
+    return resolved
+
+
+def _listed(roots: list[Path]) -> str:
+    return ", ".join(str(root) for root in roots)
 
 
 def usable_points(points: dict[int, float], batch_size: int, max_job_gpus: int) -> dict[int, float]:

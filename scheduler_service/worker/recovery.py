@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
@@ -71,15 +71,18 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
                     foreign_process=running, phase=Phase.RUNNING if running else Phase.WAITING)
 
 
-async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int,
-                  now: float) -> list[tuple[RunState, Found]]:
-    """The runs to adopt, each with how Prefect has it; the store is brought up to date for the rest."""
+async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
+                  alive: Callable[[str | None, str], bool]) -> list[tuple[RunState, Found]]:
+    """The runs to adopt, each with how Prefect has it; the store is brought up
+    to date for the rest. `alive(infrastructure_id, run_id)` says whether a
+    run's process is really there: Prefect still says `Running` of a run whose
+    process died with the machine or the stack."""
     from prefect.exceptions import ObjectNotFound
 
     from scheduler_service.store import get_curve
 
     adopted = []
-    for row in store.jobs(status=("admitted", "running")):
+    for row in store.jobs(status=("arrived", "admitted", "running")):
         try:
             flow_run = await client.read_flow_run(UUID(row.flow_run_id))
         except ObjectNotFound:
@@ -88,15 +91,45 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
         if found.final:
             store.upsert_job(row.flow_run_id, status="finished", gpus="")
             if row.status == "running":  # it ended while no worker watched: its GPUs went with it
-                store.add(AllocationRecord(flow_run_id=row.flow_run_id, action=AllocationAction.RELEASE.value,
-                                           gpus="", at=found.ended_at or datetime.now(timezone.utc)))
+                _released(store, row.flow_run_id, found.ended_at or datetime.now(timezone.utc))
             continue
+        if row.status == "arrived":
+            continue  # not decided yet: taken in again by the next poll
+        if found.running and not found.cancelling and not alive(flow_run.infrastructure_pid, row.flow_run_id):
+            found = await _resume(client, store, row)
         if not found.running and not (found.scheduled and row.status == "admitted"):
             store.upsert_job(row.flow_run_id, status="arrived")
             continue  # not decided yet: taken in again by the next poll
         points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
-        adopted.append((adopted_run(row, found, control_root, points, max_job_gpus, now), found))
+        run = adopted_run(row, found, control_root, points, max_job_gpus, now)
+        if found.running:  # as it stands: on its GPUs, not merely admitted
+            store.upsert_job(row.flow_run_id, status="running", gpus=",".join(map(str, run.held)))
+        adopted.append((run, found))
     return adopted
+
+
+def _released(store: ServiceStore, run_id: str, at: datetime) -> None:
+    store.add(AllocationRecord(flow_run_id=run_id, action=AllocationAction.RELEASE.value, gpus="", at=at))
+
+
+async def _resume(client: Any, store: ServiceStore, row: RunRecord) -> Found:
+    """A run Prefect says is running whose process is gone: its GPUs are free,
+    and it goes back to the queue as an admitted run, to continue from its
+    last checkpoint in the same flow run when it gets GPUs again."""
+    from prefect.states import Scheduled
+
+    message = "its process was gone when the worker restarted; it continues from its last checkpoint"
+    try:
+        await client.set_flow_run_state(UUID(row.flow_run_id), Scheduled(name="Resuming", message=message),
+                                        force=True)
+    except Exception:
+        log.exception("could not put flow run %s back in the queue", row.flow_run_id)
+    log.warning("flow run %s: %s", row.flow_run_id, message)
+    if row.status == "running":
+        _released(store, row.flow_run_id, datetime.now(timezone.utc))
+    store.upsert_job(row.flow_run_id, status="admitted", gpus="")
+    row.status = "admitted"
+    return Found(final=False, running=False, cancelling=False, scheduled=True)
 
 
 async def adopt(worker: ElasticFlowWorker) -> None:
@@ -104,7 +137,7 @@ async def adopt(worker: ElasticFlowWorker) -> None:
     the cluster plot's recent past."""
     control_root = str(worker.settings.home / "control")
     for run, found in await recover(worker.client, worker.store, control_root, worker.cluster.topology.max_job_gpus,
-                                    worker.clock()):
+                                    worker.clock(), worker.backend.alive):
         worker.runs[run.run_id] = run
         worker.scheduler.adopt(run, running=found.running, cancelled=found.cancelling)
         where = f"on GPUs {','.join(map(str, run.held))}" if found.running else "still waiting for GPUs"

@@ -56,6 +56,11 @@ class WorkerSettings(BaseSettings):
                                        "8", ge=3)
     profile_timeout_s: float = _setting(
         600.0, "longest a run waits in Profiling (GPUs to measure on, then the measurement)", "600", gt=0)
+    allowed_roots: str = _setting(
+        "", "folders (`:`-separated) besides `ELASTICFLOW_HOME` where runs may keep checkpoints and read data",
+        "none")
+    storage_schemes: str = _setting(
+        "", "remote checkpoint stores runs may name, by fsspec scheme (`,`-separated, e.g. `s3,gs`)", "none")
     cluster: Path | None = _setting(None, "cluster file", "`infra/cluster.csv` or this machine")
     cpu_slots: int | None = _setting(None, "worker slots on a CPU-only machine", "CPU count", ge=1)
 
@@ -71,6 +76,15 @@ class WorkerSettings(BaseSettings):
     @property
     def effective_poll_s(self) -> float:
         return min(self.interval_s, self.poll_s)
+
+    @property
+    def roots(self) -> list[Path]:
+        """Where runs may keep checkpoints and read data."""
+        return [self.home, *(Path(r).expanduser() for r in self.allowed_roots.split(":") if r.strip())]
+
+    @property
+    def schemes(self) -> frozenset[str]:
+        return frozenset(s.strip() for s in self.storage_schemes.split(",") if s.strip())
 
 
 def _accepts(error: dict[str, Any]) -> str:

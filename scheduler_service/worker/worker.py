@@ -142,12 +142,7 @@ class ElasticFlowWorker(ProcessWorker):
                 self.recent.add(run_id)
                 launches.append(entry)
                 continue
-            try:
-                await self._take_in(entry, now)
-            except Exception as exc:  # one run's trouble is that run's: rejected, and the poll goes on
-                self._logger.exception("could not take in flow run %s", run_id)
-                await decisions.reject(self, entry.flow_run, Rejection.of(
-                    ServiceReason.INVALID_PARAMETERS.value, f"{type(exc).__name__}: {exc}", None))
+            await self._take_in_one(entry, now)
         await stopping.forget_vanished(self, {str(entry.flow_run.id) for entry in responses})
         await stopping.watch_foreign(self)
         await stopping.watch_cancelling(self, now)
@@ -166,12 +161,23 @@ class ElasticFlowWorker(ProcessWorker):
         await self._show_cluster(now)
         return await submit(self, [entry for entry in launches if entry is not None])
 
+    async def _take_in_one(self, entry: Any, now: float) -> None:
+        """Take in one run; whatever goes wrong is that run's: rejected, and the poll goes on."""
+        try:
+            await self._take_in(entry, now)
+        except Exception as exc:
+            self._logger.exception("could not take in flow run %s", entry.flow_run.id)
+            self.forget(str(entry.flow_run.id))
+            await decisions.reject(self, entry.flow_run, Rejection.of(
+                ServiceReason.INVALID_PARAMETERS.value, f"{type(exc).__name__}: {exc}", None))
+
     async def _take_in(self, entry: Any, now: float) -> None:
         from scheduler_service.store import get_curve
 
         flow_run = entry.flow_run
         try:
             request = await anyio.to_thread.run_sync(intake.read_request, flow_run.parameters, now)
+            await anyio.to_thread.run_sync(intake.confine, request, self.settings.roots, self.settings.schemes)
         except intake.InvalidRun as exc:
             await decisions.reject(self, flow_run, Rejection.of(ServiceReason.INVALID_PARAMETERS.value, str(exc), None))
             return

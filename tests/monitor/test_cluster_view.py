@@ -119,3 +119,24 @@ def test_after_a_restart_the_plot_starts_from_the_stored_allocations(tmp_path: P
     snapshot = view.snapshot(_named(run, "ranker"), NOW + 400)
     assert view.due(snapshot, NOW + 400)  # the allocation now differs from the last stored one
     assert len(view.samples) == 3 and "data:image/png;base64," in view.markdown(snapshot, NOW + 400)
+
+
+def test_a_noisy_rate_raises_no_flapping_alerts(tmp_path: Path) -> None:
+    """15 minutes of polls of a run that trains steadily on a noisy machine: its
+    own 20-iteration projection swings by minutes either side of the deadline,
+    the view's (the plan, then a rate over two minutes, with hysteresis) does not."""
+    import random
+
+    view = ClusterView(load(ROOT / "infra" / "local-cpu2.csv"), margin_s=60)
+    run = _run(tmp_path, "run-a", deadline_in_s=1200, gpus=(0, 1))  # 1000 iterations at ~1 it/s: 200 s to spare
+    run.projected_finish = NOW + 1000  # the plan's
+    rng = random.Random(7)
+    events = []
+    for second in range(0, 900):
+        now = NOW + second
+        iteration = int(second * 1.0)
+        noisy = NOW + second + (1000 - iteration) * rng.uniform(0.6, 1.8)  # the flow's own, swinging
+        run.channel.publish_status({"iteration": iteration,
+                                    "projected_finish": datetime.fromtimestamp(noisy, timezone.utc).isoformat()})
+        events += view.risk_changes(view.snapshot({"run-a": run}, now))
+    assert events == []

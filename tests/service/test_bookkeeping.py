@@ -12,59 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.pool import StaticPool
-from sqlmodel import create_engine
 
 from scheduler_service.worker import decisions, intake
-from scheduler_service.worker.publish import Publisher
-from scheduler_service.worker.store import ServiceStore
+from tests.service.offline import FlowRun, offline_worker
 
 pytestmark = pytest.mark.slow
 
 T0 = 1_000_000.0
 POINTS = {1: 100.0, 2: 190.0}
-
-
-class RecordingPublisher(Publisher):
-    """Counts what would go to Prefect, keeps nothing per run."""
-
-    def __init__(self) -> None:
-        super().__init__(client=None, related=list)
-        self.calls = 0
-
-    def event(self, *args: Any, **kwargs: Any) -> None:
-        self.calls += 1
-
-    async def labels(self, *args: Any) -> None:
-        self.calls += 1
-
-    async def waiting_state(self, *args: Any) -> None:
-        self.calls += 1
-
-    async def rejected(self, *args: Any) -> None:
-        self.calls += 1
-
-    async def history(self, run: Any, *args: Any, **kwargs: Any) -> None:
-        run.history.append({"action": str(args[0])})  # kept on the run: gone with it
-        self.calls += 1
-
-
-class _FlowRun:
-    def __init__(self, run_id: str) -> None:
-        self.id, self.name = run_id, f"run-{run_id}"
-
-
-def _worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from scheduler_service.worker.worker import ElasticFlowWorker
-
-    monkeypatch.setenv("ELASTICFLOW_HOME", str(tmp_path))
-    monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(Path(__file__).parents[2] / "infra" / "local-cpu2.csv"))
-    worker = ElasticFlowWorker(work_pool_name="bookkeeping")
-    worker.store = ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
-                                              connect_args={"check_same_thread": False}))
-    worker.publisher = RecordingPublisher()
-    worker.get_flow_run_logger = lambda flow_run: worker._logger  # type: ignore[method-assign]
-    return worker
 
 
 async def _cycle(worker: Any, index: int, now: float) -> None:
@@ -74,7 +29,7 @@ async def _cycle(worker: Any, index: int, now: float) -> None:
     run_id = f"{index:08d}"
     request = intake.read_request({"model": "mlp", "iterations": 100, "deadline": "+1h"}, now)
     run = intake.new_run(run_id, f"run-{run_id}", request, str(worker.settings.home / "control"), now)
-    run.flow_run = run.response = _FlowRun(run_id)
+    run.flow_run = run.response = FlowRun(run_id=run_id)
     worker.runs[run_id] = run
     worker._ready(run, POINTS, now)
     result = worker.scheduler.plan(now)
@@ -91,7 +46,7 @@ async def _cycle(worker: Any, index: int, now: float) -> None:
 
 def test_ten_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    worker = _worker(tmp_path, monkeypatch)
+    worker = offline_worker(tmp_path, monkeypatch)
 
     async def drive(first: int, last: int) -> None:
         for i in range(first, last):

@@ -51,3 +51,55 @@ def test_the_launch_reserve_and_the_mid_slot_correction_move_only_the_plan_deadl
     assert run.phase == Phase.WAITING and run.deadline == NOW + 600 and run.plan_deadline == NOW + 588
     run.plan_with(plan_deadline_mid_slot(run.plan_deadline, 2.0))
     assert run.to_user_time(NOW + 1000) == NOW + 1014  # an earliest deadline goes back to the user's clock
+
+
+def test_a_users_model_module_is_never_imported_into_the_worker(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    (tmp_path / "evil_model.py").write_text("raise SystemExit('imported into the worker')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request = read_request({"model": "evil_model:build", "dataset": "synthetic-images", "iterations": 5}, NOW)
+    assert request.model == "evil_model:build" and "evil_model" not in sys.modules
+    with pytest.raises(InvalidRun, match="model: model 'evil model:build' is not"):
+        read_request({"model": "evil model:build", "dataset": "synthetic-images", "iterations": 5}, NOW)
+
+
+@pytest.mark.parametrize(("parameters", "says"), [
+    ({"model": "mlp", "iterations": 10**15, "deadline": "+1h"}, "iterations: Input should be less than or equal to"),
+    ({"model": "mlp", "iterations": 5, "hyperparameters": {"global_batch_size": 10**9}}, "global_batch_size: "),
+    ({"model": "mlp", "iterations": 5, "deadline": ""}, "deadline: is empty"),
+])
+def test_numbers_are_bounded_and_an_empty_deadline_is_an_error(parameters: dict[str, object], says: str) -> None:
+    with pytest.raises(InvalidRun, match=says):
+        read_request(parameters, NOW)
+    assert read_request({"model": "mlp", "iterations": 5, "deadline": "none"}, NOW).deadline is None
+
+
+def test_checkpoints_and_data_stay_inside_what_the_operator_allowed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from scheduler_service.worker.intake import confine
+
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir(), data.mkdir()
+    np.savez(data / "ok.npz", x=np.zeros((4, 3), dtype=np.float32), y=np.zeros(4, dtype=np.int64))
+    (data / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    roots, schemes = [home, data], frozenset({"s3"})
+
+    def check(**parameters: object) -> None:
+        confine(read_request({"model": "mlp", "iterations": 5, **parameters}, NOW), roots, schemes)
+
+    check(checkpoint_store=str(home / "ckpt"))
+    check(checkpoint_store="s3://bucket/runs")
+    check(checkpoint_store="team-store")  # a saved CheckpointStore block
+    check(dataset=f"npz:{data / 'ok.npz'}")
+    for parameters, says in [
+        ({"checkpoint_store": str(home / ".." / ".." / "etc")}, "checkpoint_store: .* is outside"),
+        ({"checkpoint_store": "../../etc"}, "checkpoint_store: .* must be an absolute path"),
+        ({"checkpoint_store": "gs://bucket/runs"}, "checkpoint_store: the scheme 'gs' is not allowed"),
+        ({"checkpoint_store": "file:///etc"}, "checkpoint_store: .* is outside"),
+        ({"dataset": "npz:/etc/hostname"}, "dataset: .* is outside"),
+        ({"dataset": f"npz:{data / 'passwd'}"}, "dataset: npz:.* cannot be read as npz"),
+    ]:
+        with pytest.raises(InvalidRun, match=says):
+            check(**parameters)

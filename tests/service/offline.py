@@ -1,0 +1,74 @@
+"""The worker without a Prefect server, for tests of its own logic: the
+store is a real SQLite database, Prefect's API a recorder of what would have
+been sent (what reaches Prefect is tested against a real server elsewhere)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.pool import StaticPool
+from sqlmodel import create_engine
+
+from scheduler_service.worker.publish import Publisher
+from scheduler_service.worker.store import ServiceStore
+
+ROOT = Path(__file__).parents[2]
+
+
+class RecordingPublisher(Publisher):
+    """Counts what would go to Prefect and which runs were told what; keeps nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__(client=None, related=list)
+        self.calls = 0
+        self.states: dict[str, str] = {}  # run id -> last state name it would have been given
+
+    def event(self, *args: Any, **kwargs: Any) -> None:
+        self.calls += 1
+
+    async def labels(self, *args: Any) -> None:
+        self.calls += 1
+
+    async def waiting_state(self, run: Any, name: Any, *args: Any) -> None:
+        self.calls += 1
+        self.states[run.run_id] = name.value
+
+    async def rejected(self, run_id: str, rejection: Any) -> None:
+        self.calls += 1
+        self.states[run_id] = "Rejected"
+
+    async def history(self, run: Any, *args: Any, **kwargs: Any) -> None:
+        run.history.append({"action": str(args[0])})  # kept on the run: gone with it
+        self.calls += 1
+
+
+class FlowRun:
+    """What the worker reads of a Prefect flow run at take-in."""
+
+    def __init__(self, parameters: dict[str, Any] | None = None, run_id: str | None = None) -> None:
+        self.id = run_id or str(uuid.uuid4())
+        self.name = f"run-{self.id[:8]}"
+        self.parameters = parameters or {}
+
+
+class Entry:
+    """A scheduled run as a poll returns it."""
+
+    def __init__(self, flow_run: FlowRun) -> None:
+        self.flow_run = flow_run
+
+
+def offline_worker(home: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from scheduler_service.worker.worker import ElasticFlowWorker
+
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
+    monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(ROOT / "infra" / "local-cpu2.csv"))
+    worker = ElasticFlowWorker(work_pool_name="offline")
+    worker.store = ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
+                                              connect_args={"check_same_thread": False}))
+    worker.publisher = RecordingPublisher()
+    worker.get_flow_run_logger = lambda flow_run: worker._logger  # type: ignore[method-assign]
+    return worker

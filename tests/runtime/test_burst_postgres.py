@@ -1,0 +1,36 @@
+"""A burst against the stack with Prefect's server on PostgreSQL (issue 14,
+item 5; bench/burst.py prints the 200-run figures): every submission is
+created, every run decided, none lost and no GPU double-booked. Latencies are
+the benchmark's business, not asserted here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler_service.stack.postgres import NO_POSTGRES, binaries, throwaway_postgres
+
+pytestmark = pytest.mark.slow
+
+RUNS = 30
+
+
+@pytest.mark.skipif(binaries() is None, reason=NO_POSTGRES)
+def test_thirty_concurrent_submissions_on_postgresql_are_all_created_and_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.burst import run_burst
+
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(tmp_path / "home"))  # run_burst sets it; put back afterwards
+    for key in ("PREFECT_HOME", "PREFECT_API_URL", "DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED"):
+        monkeypatch.delenv(key, raising=False)  # local_stack sets them in this process
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    with throwaway_postgres() as url:
+        burst = run_burst("postgresql", RUNS, tmp_path, url, timeout_s=300)
+    report = "\n".join(burst.lines())
+    assert len(burst.created) == RUNS and not burst.other_errors, report
+    assert len(burst.latencies) == RUNS and burst.lost == 0, report
+    assert burst.double_booked == [], report
+    assert set(burst.decided_by.values()) <= {"Admitted", "Rejected", "Profiling", "Waiting"}, report

@@ -19,6 +19,7 @@ def _register() -> None:
     from scheduler_service.cli import evaluate, simulate  # noqa: F401
     from scheduler_service.cli import profile  # noqa: F401
     from scheduler_service.cli import service  # noqa: F401
+    from scheduler_service.cli import status  # noqa: F401
     from scheduler_service.cli import trace  # noqa: F401
 
 

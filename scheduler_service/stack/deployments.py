@@ -102,7 +102,7 @@ def deploy_pipeline(
     deployment_id = pipeline.deploy(  # type: ignore[union-attr]
         name=spec["name"], work_pool_name=pool, parameters={**spec["parameters"], "sla": sla},
         job_variables=spec["work_pool"].get("job_variables"), description=spec["description"],
-        schedule=Cron(cron, timezone=timezone), paused=paused,
+        schedule=Cron(cron, timezone=timezone, active=spec["schedules"][0].get("active", True)), paused=paused,
         triggers=[DeploymentEventTrigger(**trigger) for trigger in spec.get("triggers", [])],
         print_next_steps=False, ignore_warnings=True,
     )

@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--database", choices=("postgresql", "sqlite", "both"), default="both")
     parser.add_argument("--timeout", type=float, default=900.0, help="longest wait for every decision, s")
+    parser.add_argument("--keep", action="store_true", help="keep each stack's home (logs, store) and print where")
     args = parser.parse_args(argv)
 
     from scheduler_service.stack.postgres import NO_POSTGRES, binaries, throwaway_postgres
@@ -245,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     print("load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     chosen = ["postgresql", "sqlite"] if args.database == "both" else [args.database]
     for database in chosen:
-        with tempfile.TemporaryDirectory(prefix=f"burst-{database}-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"burst-{database}-") as scratch:
+            tmp = tempfile.mkdtemp(prefix=f"burst-{database}-") if args.keep else scratch  # 3.11: no delete=False
+            if args.keep:
+                print(f"{database}: home {tmp}/home")
             if database == "postgresql":
                 if binaries() is None:
                     print(f"postgresql: skipped, {NO_POSTGRES}")

@@ -18,6 +18,11 @@ from flows.training.boot import FORKSERVER_ENV
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+# Every wait below ends as soon as what it waits for happens (a socket
+# appears, a process exits); this ceiling only bounds a wait that never would.
+# Generous: on a busy machine importing torch alone can take a minute, and a
+# signalled engine needs CPU to exit (issue 14: 30 s timeouts failed there).
+CEILING_S = 300.0
 
 
 def _children(pid: int) -> list[int]:
@@ -52,7 +57,7 @@ def _start_server(base: Path, api_url: str) -> tuple[subprocess.Popen[bytes], di
     log = open(base / "server.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "flows.training.forkserver", str(path)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    end = time.time() + 180
+    end = time.time() + CEILING_S
     while not path.exists():
         assert proc.poll() is None and time.time() < end, (base / "server.log").read_text()
         time.sleep(0.2)
@@ -64,13 +69,13 @@ def server(tmp_path_factory: pytest.TempPathFactory, api: str) -> Iterator[tuple
     proc, env = _start_server(tmp_path_factory.mktemp("fork"), api)
     yield proc, env
     proc.terminate()
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=CEILING_S) == 0
     assert not Path(env[FORKSERVER_ENV]).exists()
 
 
 def _forked(server_pid: int, boot: subprocess.Popen[str]) -> int:
     """The flow process the server forked for `boot`."""
-    end = time.time() + 60
+    end = time.time() + CEILING_S
     while not _children(server_pid):
         assert time.time() < end and boot.poll() is None, "no flow process was forked"
         time.sleep(0.1)
@@ -78,7 +83,7 @@ def _forked(server_pid: int, boot: subprocess.Popen[str]) -> int:
     return child
 
 
-def _gone(pid: int, within_s: float = 10.0) -> bool:
+def _gone(pid: int, within_s: float = CEILING_S) -> bool:
     end = time.time() + within_s
     while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
         if time.time() > end:
@@ -105,7 +110,7 @@ def _boot(env: dict[str, str], **extra: str) -> subprocess.Popen[str]:
 def test_the_forked_engine_writes_to_the_clients_output_and_its_exit_code_comes_back(server) -> None:
     proc, env = server
     boot = _boot(env, PREFECT__FLOW_RUN_ID="not-a-uuid")
-    out, _ = boot.communicate(timeout=120)
+    out, _ = boot.communicate(timeout=CEILING_S)
     assert boot.returncode == 1, out
     assert "Invalid flow run id" in out  # Prefect's engine ran, in a fork, writing to our stdout
     assert "starting cold" not in out
@@ -114,7 +119,7 @@ def test_the_forked_engine_writes_to_the_clients_output_and_its_exit_code_comes_
 def test_other_prefect_settings_than_the_servers_start_cold_and_say_why(server) -> None:
     proc, env = server
     boot = _boot(env, PREFECT__FLOW_RUN_ID="not-a-uuid", PREFECT_LOGGING_LEVEL="DEBUG")
-    out, _ = boot.communicate(timeout=120)
+    out, _ = boot.communicate(timeout=CEILING_S)
     assert "warm start refused (Prefect settings differ from the fork server's: PREFECT_LOGGING_LEVEL)" in out
     assert boot.returncode == 1 and "Invalid flow run id" in out  # the same engine, started cold
 
@@ -124,8 +129,8 @@ def test_signals_reach_the_forked_process_and_a_killed_client_takes_it_along(ser
     boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
     _forked(proc.pid, boot)
     boot.send_signal(signal.SIGTERM)
-    boot.communicate(timeout=30)  # long before the engine's request would time out
-    assert boot.returncode != 0  # it ended on the relayed SIGTERM, not by itself
+    boot.communicate(timeout=CEILING_S)
+    assert boot.returncode == -signal.SIGTERM  # it ended on the relayed SIGTERM, not by itself
     assert not _children(proc.pid)  # and the server reaped it
 
     boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
@@ -139,7 +144,7 @@ def test_a_flow_process_killed_by_a_signal_is_reported_so(server) -> None:
     proc, env = server
     boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
     os.kill(_forked(proc.pid, boot), signal.SIGKILL)  # the OOM killer, say
-    boot.communicate(timeout=30)
+    boot.communicate(timeout=CEILING_S)
     assert boot.returncode == -signal.SIGKILL  # as if Prefect had started the flow process itself
 
 
@@ -159,6 +164,6 @@ def test_without_a_server_the_flow_process_starts_cold(tmp_path: Path) -> None:
     env = {**os.environ, FORKSERVER_ENV: str(tmp_path / "none.sock"), "PREFECT__FLOW_RUN_ID": "not-a-uuid",
            "PREFECT_API_URL": "http://127.0.0.1:9/api"}
     out = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=CEILING_S)
     assert "warm start unavailable" in out.stderr and "Invalid flow run id" in out.stderr + out.stdout
     assert out.returncode == 1

@@ -1,52 +1,307 @@
-"""`elasticflow status`: the cluster's GPU map and every job's share, progress
-and projected finish."""
+"""`elasticflow status`: every run's phase, GPUs, progress, projected finish,
+deadline, outcome and the reason for a rejection or a wait, plus the GPU map.
+
+It reads only what the worker writes on this machine: its tables in the
+project store and each run's control folder (status.json, command.json,
+ack.json). No Prefect API call, and no import of Prefect, of the worker package
+or of the scheduling policy: those cost seconds, and operators run this in a
+loop. That is why the tables are read by name with SQLAlchemy Core rather than
+through `scheduler_service.worker.store`, and why the home and the cluster's
+shape are found here again (tests/cli/test_status.py writes through the
+worker's own classes, so a drift fails there).
+"""
 
 from __future__ import annotations
 
-import json
+import csv
+import glob
 import os
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from pydantic import BaseModel
 
 from scheduler_service.cli import app
 
-console = Console()
+Phase = Literal["profiling", "admitted-waiting", "running", "rescaling", "finished", "rejected"]
+Outcome = Literal["met", "missed", "stopped", "done"]
+PHASE_ORDER = ("running", "rescaling", "admitted-waiting", "profiling", "rejected", "finished")
+WIDE = 120  # columns from which one table fits; below, one block per run
+
+
+class GpuSlot(BaseModel):
+    gpu: int
+    node: str
+    holder: str | None = None  # the run's name, None when free
+
+
+class RunView(BaseModel):
+    """One run as `elasticflow status --json` gives it."""
+
+    flow_run_id: str
+    name: str
+    model: str
+    phase: Phase
+    gpus: list[int]
+    nodes: list[str]
+    iteration: int | None = None  # from the run's status file; None before its first report
+    total_iterations: int | None = None
+    projected_finish: datetime | None = None
+    deadline: datetime | None = None  # None: best-effort
+    outcome: Outcome | None = None  # finished runs: met/missed the deadline, stopped short, done (no deadline)
+    finished_at: datetime | None = None  # when its process ended (the last `release` allocation)
+    reason: str | None = None  # a rejection's reason code
+    detail: str = ""  # the rejection's message, why it waits, or the decision's message
+    earliest_feasible_deadline: datetime | None = None
+
+
+class StatusReport(BaseModel):
+    """The whole answer of `elasticflow status --json`."""
+
+    at: datetime
+    store: str
+    cluster: str
+    gpus: list[GpuSlot]
+    runs: list[RunView]
+
+
+def _home() -> Path:
+    # As elasticflow_block.home, whose package pulls in fsspec.
+    return Path(os.environ.get("ELASTICFLOW_HOME") or Path.home() / ".elasticflow")
+
+
+def _database_url(home: Path) -> str:
+    # As scheduler_service.store.db.database_url, whose package pulls in sqlmodel.
+    return os.environ.get("ELASTICFLOW_DATABASE_URL") or f"sqlite:///{home / 'elasticflow.db'}"
+
+
+def _cluster() -> tuple[str, list[str]]:
+    """The cluster's description and each GPU's node, chosen as
+    scheduler_service.worker.cluster.load chooses it (cluster file, else this machine)."""
+    chosen = os.environ.get("ELASTICFLOW_CLUSTER")
+    default = Path(__file__).resolve().parents[2] / "infra" / "cluster.csv"
+    if chosen or default.exists():
+        path = Path(chosen or default)
+        with path.open(newline="") as fh:
+            row = next(csv.DictReader(fh))
+        switches, per_switch, per_node = (int(row[k]) for k in ("num_switch", "num_node_p_switch", "num_gpu_p_node"))
+        nodes = switches * per_switch
+        names = ["localhost"] if nodes == 1 else [f"node-{i}" for i in range(nodes)]
+        return (f"{nodes} node(s) x {per_node} GPUs ({path})",
+                [names[g // per_node] for g in range(nodes * per_node)])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cuda = (len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]) if visible is not None
+            else len(glob.glob("/dev/nvidia[0-9]*")))
+    slots = cuda or int(os.environ.get("ELASTICFLOW_CPU_SLOTS") or os.cpu_count() or 1)
+    count = 1 << (max(1, slots).bit_length() - 1)
+    what = "local CUDA devices" if cuda else "local CPU worker slots"
+    return f"{count} {what} on localhost", ["localhost"] * count
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    """SQLite hands times back naive, though they were written in UTC."""
+    return moment if moment is None or moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _read_tables(url: str) -> tuple[list, dict[str, object], dict[str, list]]:
+    """Runs (oldest first), each run's latest decision, each run's allocations."""
+    from sqlalchemy import MetaData, Table, create_engine, inspect, select
+
+    engine = create_engine(url)
+    try:
+        if not inspect(engine).has_table("ef_job"):
+            return [], {}, {}
+        meta = MetaData()
+        job, decision, allocation = (Table(name, meta, autoload_with=engine)
+                                     for name in ("ef_job", "ef_decision", "ef_allocation"))
+        with engine.connect() as conn:
+            runs = list(conn.execute(select(job).order_by(job.c.submitted_at)))
+            decisions = {row.flow_run_id: row for row in conn.execute(select(decision).order_by(decision.c.id))}
+            allocations: dict[str, list] = {}
+            for row in conn.execute(select(allocation).order_by(allocation.c.id)):
+                allocations.setdefault(row.flow_run_id, []).append(row)
+        return runs, decisions, allocations
+    finally:
+        engine.dispose()
+
+
+def _view(row, decision, allocations: list, control: Path, node_of: list[str]) -> RunView:
+    from flows.training.control import FileControlChannel
+
+    channel = FileControlChannel(row.flow_run_id, control)
+    snap = channel.status()
+    gpus = [int(g) for g in (row.gpus or "").split(",") if g]
+    deadline = _aware(row.deadline)
+    view = RunView(
+        flow_run_id=row.flow_run_id, name=row.flow_run_name or row.flow_run_id[:8], model=row.model,
+        phase="profiling", gpus=gpus, nodes=sorted({node_of[g] for g in gpus if g < len(node_of)}),
+        iteration=snap.iteration if snap else None,
+        total_iterations=(snap.total_iterations or int(row.iterations)) if snap else int(row.iterations) or None,
+        projected_finish=_aware(snap.projected_finish) if snap else None, deadline=deadline,
+        detail=row.message or "")
+    last = allocations[-1].action if allocations else None
+    if row.status == "rejected":
+        view.phase = "rejected"
+        if decision is not None and not decision.admitted:
+            view.reason, view.detail = decision.reason, decision.message or view.detail
+            view.earliest_feasible_deadline = _aware(decision.earliest_feasible_deadline)
+    elif row.status == "finished":
+        view.phase, view.projected_finish = "finished", None
+        releases = [a.at for a in allocations if a.action == "release"]
+        view.finished_at = _aware(releases[-1]) if releases else _aware(row.updated_at)
+        reached = snap is not None and snap.total_iterations > 0 and snap.iteration >= snap.total_iterations
+        view.outcome = ("stopped" if not reached else "done" if deadline is None
+                        else "met" if view.finished_at <= deadline else "missed")
+        view.detail = "" if reached else f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
+    elif row.status == "arrived" and decision is None:
+        view.detail = "profiling its speed, or waiting for its admission decision"
+    elif row.status == "running" and gpus:
+        command, ack = channel.latest(), channel.acknowledged()
+        pending = command is not None and command.seq > (ack.seq if ack else 0)
+        view.phase = "rescaling" if pending else "running"
+        view.detail = ("" if not pending else f"moving to GPUs {_gpus(command.gpus or [])}" if command.gpus
+                       else "being parked")
+    else:
+        view.phase = "admitted-waiting"
+        view.detail = ("parked: its GPUs went to runs closer to their deadlines" if last in ("park", "released")
+                       else f"admitted, waiting for GPUs ({view.detail})" if view.detail else "admitted, waiting for GPUs")
+    return view
+
+
+def report(home: Path | None = None) -> StatusReport:
+    """Everything `status` prints, read from the store and the control folders."""
+    home = home or _home()
+    url = _database_url(home)
+    description, node_of = _cluster()
+    missing = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists()
+    runs, decisions, allocations = ([], {}, {}) if missing else _read_tables(url)
+    views = [_view(row, decisions.get(row.flow_run_id), allocations.get(row.flow_run_id, []),
+                   home / "control", node_of) for row in runs]
+    views.sort(key=lambda v: PHASE_ORDER.index(v.phase))  # stable: oldest first within a phase
+    holders = {g: v.name for v in views if v.phase in ("running", "rescaling") for g in v.gpus}
+    shown = url.split("@")[-1] if "@" in url else url  # never print a password
+    return StatusReport(at=datetime.now(timezone.utc), store=shown, cluster=description,
+                        gpus=[GpuSlot(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
+                        runs=views)
+
+
+def _when(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    local = moment.astimezone()
+    return local.strftime("%H:%M:%S" if local.date() == now.astimezone().date() else "%m-%d %H:%M")
+
+
+def _gpus(gpus: list[int]) -> str:
+    return ",".join(map(str, gpus)) or "-"
+
+
+def _progress(view: RunView) -> str:
+    if view.iteration is None:
+        return f"0/{view.total_iterations}" if view.total_iterations else "-"
+    return f"{view.iteration}/{view.total_iterations}"
+
+
+def _result(view: RunView, now: datetime) -> str:
+    """What came of it (finished), or the latest projection against the deadline."""
+    if view.outcome:
+        if view.outcome in ("met", "missed") and view.finished_at and view.deadline:
+            spare = (view.deadline - view.finished_at).total_seconds()
+            return f"{view.outcome} ({_span(abs(spare))} {'early' if spare >= 0 else 'late'})"
+        return view.outcome
+    if view.phase == "rejected":
+        return view.reason or "rejected"
+    if view.projected_finish and view.deadline:
+        spare = (view.deadline - view.projected_finish).total_seconds()
+        return f"on track ({_span(spare)} spare)" if spare >= 0 else f"at risk ({_span(-spare)} late)"
+    return ""
+
+
+def _span(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _why(view: RunView, now: datetime) -> str:
+    text = view.detail
+    if view.earliest_feasible_deadline is not None:
+        text += f"; earliest feasible deadline {_when(view.earliest_feasible_deadline, now)}"
+    return text
+
+
+def _ranges(numbers: list[int]) -> str:
+    """0,1,2,5 -> "0-2,5"."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "none"
+
+
+def _gpu_map(slots: list[GpuSlot]) -> list[str]:
+    """A summary line, then one line per node holding a run: a 64-GPU map fits 80 columns."""
+    busy = [s for s in slots if s.holder]
+    lines = [f"GPUs: {len(busy)} of {len(slots)} busy; free: {_ranges([s.gpu for s in slots if not s.holder])}"]
+    for node in dict.fromkeys(s.node for s in busy):
+        held = " ".join(f"{s.gpu}:{s.holder or '-'}" for s in slots if s.node == node)
+        lines.append(f"  {node}  {held}")
+    return lines
+
+
+def render(data: StatusReport, console) -> None:
+    """A table on a wide terminal; one block per run at 80 columns or in a pipe."""
+    now = data.at
+    counts = {p: sum(v.phase == p for v in data.runs) for p in PHASE_ORDER}
+    console.print(f"cluster: {data.cluster}; store: {data.store}")
+    for line in _gpu_map(data.gpus):
+        console.print(line, markup=False, highlight=False)
+    zone = datetime.now().astimezone().tzname()
+    console.print(f"{len(data.runs)} runs: " + ", ".join(f"{n} {p}" for p, n in counts.items() if n)
+                  + f" (times {zone})")
+    if console.width >= WIDE:
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for column in ("run", "model", "phase", "GPUs", "nodes", "progress", "finish", "deadline", "outcome", "why"):
+            table.add_column(column, overflow="fold")
+        for v in data.runs:
+            table.add_row(v.name, v.model, v.phase, _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
+                          _when(v.finished_at or v.projected_finish, now), _when(v.deadline, now),
+                          _result(v, now), _why(v, now))
+        console.print(table)
+        return
+    for v in data.runs:
+        head = f"{v.name} [{v.model}] {v.phase}" + (f": {_result(v, now)}" if _result(v, now) else "")
+        where = (f"GPUs {_gpus(v.gpus)} on {','.join(v.nodes)}" if v.gpus
+                 else "" if v.phase in ("finished", "rejected") else "no GPUs")
+        when = (f"finished {_when(v.finished_at, now)}" if v.finished_at
+                else f"projected {_when(v.projected_finish, now)}" if v.projected_finish else "")
+        due = f"deadline {_when(v.deadline, now)}" if v.deadline else "best-effort"
+        for line in (head, "  " + "  ".join(x for x in (where, f"it {_progress(v)}", when, due) if x),
+                     f"  {_why(v, now)}" if _why(v, now) else ""):
+            if line:
+                console.print(line, markup=False, highlight=False)
 
 
 @app.command()
 def status(
     home: Optional[Path] = typer.Option(None, "--home", help="state folder (default: $ELASTICFLOW_HOME or ~/.elasticflow)"),
+    as_json: bool = typer.Option(False, "--json", help="print the StatusReport model as JSON"),
 ) -> None:
-    """The cluster's GPU map and every job's share, progress and projected finish."""
-    if home is not None:
-        os.environ["ELASTICFLOW_HOME"] = str(home.expanduser().resolve())
-    from scheduler_service.store.db import elasticflow_home
-    from scheduler_service.worker import cluster as cluster_mod
-    from scheduler_service.worker.store import ServiceStore
+    """Every run's phase, GPUs, progress, projected finish, deadline, outcome and
+    the reason for a rejection or a wait, and the GPU map (reads the store; no API calls)."""
+    data = report(home.expanduser().resolve() if home else None)
+    if as_json:
+        print(data.model_dump_json(indent=2))
+        return
+    from scheduler_service.cli.hints import console
 
-    cluster = cluster_mod.load()
-    jobs = ServiceStore().jobs()
-    holders = {int(g): job.flow_run_name or job.flow_run_id[:8]
-               for job in jobs if job.status == "running" for g in job.gpus.split(",") if g}
-    gpu_map = " ".join(f"[{g}:{holders.get(g, '-')}]" for g in range(cluster.topology.num_gpus))
-    console.print(f"cluster: {cluster.topology.describe()} ({cluster.source})")
-    console.print(f"GPUs: {gpu_map}")
-    table = Table(title="jobs")
-    for column in ("flow run", "model", "status", "MSS", "GPUs", "progress", "projected finish", "deadline"):
-        table.add_column(column)
-    control = elasticflow_home() / "control"
-    for job in jobs:
-        progress, finish = "", ""
-        path = control / job.flow_run_id / "status.json"
-        if path.exists():
-            snap = json.loads(path.read_text())
-            progress = f"{snap.get('iteration', 0)}/{snap.get('total_iterations', '?')}"
-            finish = str(snap.get("projected_finish") or "")
-        table.add_row(job.flow_run_name or job.flow_run_id, job.model, job.status,
-                      "" if job.share is None else str(job.share), job.gpus, progress, finish,
-                      "" if job.deadline is None else job.deadline.isoformat())
-    console.print(table)
+    render(data, console())

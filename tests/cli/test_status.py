@@ -1,0 +1,142 @@
+"""`elasticflow status` over a store of 100 runs in every phase, written as
+the worker writes them (tests/cli/runs.py): what it says, piped, at 80
+columns on a terminal, wide, and as JSON. Nothing is timed here; the latency
+is bench/service.py --status-only."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from scheduler_service.cli import _register, app
+from scheduler_service.cli.status import StatusReport, render, report
+from tests.cli.runs import CLUSTER, REJECTION, TOTAL, fill
+
+PHASE = {"profiling": "profiling", "waiting": "admitted-waiting", "parked": "admitted-waiting",
+         "running": "running", "rescaling": "rescaling", "met": "finished", "missed": "finished",
+         "stopped": "finished", "rejected": "rejected"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("status-home")
+
+
+@pytest.fixture(scope="module")
+def kinds(home: Path) -> dict[str, str]:
+    return fill(home, 100)
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
+    monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(CLUSTER))
+    monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def _blocks(text: str) -> dict[str, str]:
+    """Each run's block (its head line and the indented lines under it), by run name."""
+    blocks: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("run-"):
+            name = line.split()[0]
+            blocks[name] = line
+        elif name and line.startswith("  "):
+            blocks[name] += "\n" + line
+    return blocks
+
+
+def test_piped_output_names_every_run_phase_outcome_and_reason(home: Path, kinds: dict[str, str]) -> None:
+    _register()
+    result = CliRunner().invoke(app, ["status", "--home", str(home)])
+    assert result.exit_code == 0, result.output
+    assert "100 runs: 11 running, 11 rescaling, 22 admitted-waiting, 12 profiling, 11 rejected, 33 finished" \
+        in result.output
+    assert "GPUs: 22 of 64 busy; free: 22-63" in result.output
+    assert "  node-0  0:run-003 1:run-004 2:run-012 3:run-013" in result.output
+    blocks = _blocks(result.output)
+    assert set(blocks) == set(kinds)
+    for name, kind in kinds.items():
+        block = blocks[name]
+        head = block.splitlines()[0]
+        assert head.startswith(f"{name} [mlp] {PHASE[kind]}"), block
+        if kind == "rejected":
+            assert f"rejected: {REJECTION[0]}" in head and REJECTION[1] in block
+            assert "earliest feasible deadline" in block
+        elif kind in ("met", "missed", "stopped"):
+            assert f"finished: {kind}" in head and "finished " in block
+            assert (f"it {TOTAL}/{TOTAL}" in block) == (kind != "stopped")
+        elif kind == "parked":
+            assert "parked" in block and "no GPUs" in block
+        elif kind == "waiting":
+            assert "waiting for GPUs" in block
+        elif kind == "profiling":
+            assert "profiling its speed" in block
+        elif kind in ("running", "rescaling"):
+            assert "on node-" in block and f"it 200/{TOTAL}" in block and "on track" in head
+            assert ("moving to GPUs" in block) == (kind == "rescaling")
+    # not a terminal: a line is never cut in two
+    assert all(line.startswith(("run-", "  ", "cluster:", "GPUs:", "100 runs")) for line in result.output.splitlines())
+
+
+def test_at_80_columns_on_a_terminal_every_line_fits_and_the_reasons_are_whole(home: Path, kinds: dict[str, str]) -> None:
+    out = io.StringIO()
+    render(report(home), Console(file=out, width=80, force_terminal=True, color_system=None))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    flat = " ".join(text.split())
+    assert REJECTION[1] in flat and "parked: its GPUs went to runs closer to their deadlines" in flat
+    assert flat.count("finished: met") == sum(k == "met" for k in kinds.values())
+
+
+def test_a_wide_terminal_gets_one_table(home: Path, kinds: dict[str, str]) -> None:
+    out = io.StringIO()
+    render(report(home), Console(file=out, width=200, force_terminal=True, color_system=None))
+    header = next(line for line in out.getvalue().splitlines() if line.startswith("run "))
+    assert header.split() == ["run", "model", "phase", "GPUs", "nodes", "progress", "finish", "deadline",
+                              "outcome", "why"]
+    assert sum(line.startswith("run-") for line in out.getvalue().splitlines()) == 100
+
+
+def test_json_is_the_status_report_model(home: Path, kinds: dict[str, str]) -> None:
+    _register()
+    result = CliRunner().invoke(app, ["status", "--home", str(home), "--json"])
+    assert result.exit_code == 0, result.output
+    data = StatusReport.model_validate_json(result.output)
+    assert len(data.gpus) == 64 and sum(bool(s.holder) for s in data.gpus) == 22
+    by_name = {run.name: run for run in data.runs}
+    for name, kind in kinds.items():
+        run = by_name[name]
+        assert run.phase == PHASE[kind]
+        if kind in ("met", "missed", "stopped"):
+            assert run.outcome == kind and run.finished_at is not None
+        if kind == "rejected":
+            assert (run.reason, run.detail) == REJECTION and run.earliest_feasible_deadline is not None
+        if kind in ("running", "rescaling"):
+            assert len(run.gpus) == 1 and run.nodes == [f"node-{run.gpus[0] // 4}"]
+            assert (run.iteration, run.total_iterations) == (200, TOTAL) and run.projected_finish is not None
+    assert json.loads(result.output)["runs"][0]["phase"] == "running"
+
+
+def test_an_empty_home_is_no_runs_not_an_error(tmp_path: Path) -> None:
+    data = report(tmp_path)
+    assert data.runs == [] and not (tmp_path / "elasticflow.db").exists()
+
+
+def test_status_imports_neither_prefect_nor_the_worker_nor_the_policy() -> None:
+    code = ("import json, sys; from scheduler_service.cli import _register; _register('status'); "
+            "import scheduler_service.cli.status as s; s.report(); print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout))
+    assert not {m for m in loaded if m.split(".")[0] == "prefect" or
+                m.startswith(("scheduler_service.worker", "scheduler_service.policy", "numpy", "torch"))}

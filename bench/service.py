@@ -20,6 +20,10 @@
 (c) CPU seconds (user + system) each process on the path to the first
     iteration spends starting (imports), least of 3 runs: figures that do not
     depend on what else runs on the machine, unlike the wall times of (a).
+(d) `elasticflow status` with 100 runs in every phase in a temporary store
+    (tests/cli/runs.py), as a subprocess: median wall time of 5, and its ratio
+    to `elasticflow --help` measured the same way. Target < 1 s. Alone, without
+    a stack: --status-only.
 
 The stack: a Prefect server on 127.0.0.1 (temporary PREFECT_HOME, SQLite), the
 `gpus` elasticflow pool with deployment train/mlp, the worker started with
@@ -27,7 +31,7 @@ The stack: a Prefect server on 127.0.0.1 (temporary PREFECT_HOME, SQLite), the
 (no profiling). Targets are reported, not asserted: exit status is nonzero only
 on errors. Timings depend on load: `uptime` is printed before and after.
 
-Run: .venv/bin/python bench/service.py [--reps 5] [--interval 5] [--poll 1]
+Run: .venv/bin/python bench/service.py [--reps 5] [--interval 5] [--poll 1] [--status-only]
 """
 
 from __future__ import annotations
@@ -203,6 +207,34 @@ def measure_start_cpu() -> dict[str, float]:
     }
 
 
+def wall_median(args: list[str], env: dict[str, str], reps: int = 5) -> float:
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        subprocess.run(args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure_status(tmp: Path, runs: int = 100) -> dict[str, float]:
+    """(d) `elasticflow status` on a store of `runs` runs, against `elasticflow --help`."""
+    from tests.cli.runs import CLUSTER, fill
+
+    home = tmp / "status-home"
+    home.mkdir(parents=True, exist_ok=True)
+    fill(home, runs)
+    env = {**os.environ, "ELASTICFLOW_HOME": str(home), "ELASTICFLOW_CLUSTER": str(CLUSTER)}
+    env.pop("ELASTICFLOW_DATABASE_URL", None)
+    cli = str(Path(PY).parent / "elasticflow")
+    status_s, help_s = wall_median([cli, "status"], env), wall_median([cli, "--help"], env)
+    return {"runs": runs, "status_s": status_s, "help_s": help_s, "ratio": status_s / help_s}
+
+
+def print_status(result: dict[str, float]) -> None:
+    print(f"(d) elasticflow status, {result['runs']} runs: median {result['status_s']:.2f} s of 5 "
+          f"(target < 1 s); elasticflow --help {result['help_s']:.2f} s; ratio {result['ratio']:.2f}", flush=True)
+
+
 def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: int = 30) -> dict[str, Any]:
     """(b): the worker's Scheduler.plan with `admitted` running admitted jobs."""
     from flows.training.control import FileControlChannel
@@ -213,7 +245,7 @@ def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: 
     from scheduler_service.simulator.inputs import load_throughputs
     from scheduler_service.worker import cluster as cluster_mod
     from scheduler_service.worker.run_state import RunState
-from scheduler_service.worker.scheduler import Scheduler
+    from scheduler_service.worker.scheduler import Scheduler
 
     cluster = cluster_mod.load(data_dir() / "clusters" / "n16g8.csv")
     # As ElasticFlowWorker.__init__ builds it, with the default restart cost.
@@ -274,7 +306,13 @@ def main() -> int:
     parser.add_argument("--poll", type=float, default=1.0,
                         help="ELASTICFLOW_POLL_S of the worker, and the reference pool's poll")
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--status-only", action="store_true", help="only (d), elasticflow status; no stack")
     args = parser.parse_args()
+    if args.status_only:
+        with tempfile.TemporaryDirectory(prefix="elasticflow-bench-status-") as tmp_name:
+            print(f"load before: {uptime()} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
+            print_status(measure_status(Path(tmp_name)))
+        return 0
     print(f"load before: {uptime()} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
     with tempfile.TemporaryDirectory(prefix="elasticflow-bench-service-") as tmp_name:
         tmp = Path(tmp_name)

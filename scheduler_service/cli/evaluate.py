@@ -54,6 +54,8 @@ def reproduce(
 
         def on_progress(what: str, done: int, total: int) -> None:
             progress.update(task, total=total, completed=done, description=f"done: {what:40s}")
+            if not errors.is_terminal:  # a bar is drawn only on a terminal: a log gets a line per case
+                errors.print(f"[{done}/{total}] {what}", highlight=False, soft_wrap=True)
 
         report = run_comparison(cases, workers, on_progress)
     paths = write_report(report, out)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from scheduler_service.cli import app
+from scheduler_service.cli.hints import console as make_console
 
-console = Console()
-errors = Console(stderr=True)
+console = make_console()
+errors = make_console(stderr=True)
 
 
 def _gpu_counts(text: str) -> list[int]:
@@ -43,14 +44,22 @@ def profile(
     from flows.training.profiler import profile_throughput
     from scheduler_service.store import export_csv, get_engine, save_curve
 
-    counts = _gpu_counts(gpus)
-    try:
-        curve = profile_throughput(
-            model, batch_size, counts, iterations=iterations, warmup=warmup, device=device, dataset=dataset
-        )
-    except ValueError as exc:
-        errors.print(f"error: {exc}")
-        raise typer.Exit(2) from None
+    counts = sorted(set(_gpu_counts(gpus)))
+    curve: dict[int, float] = {}
+    # One count at a time, each said on stderr as it goes: a count starts
+    # len(count) processes and can take a minute, and a silent minute looks hung.
+    for step, count in enumerate(counts, start=1):
+        errors.print(f"[{step}/{len(counts)}] {model} on {count} GPU(s), {iterations} iterations ...", highlight=False)
+        started = time.perf_counter()
+        try:
+            curve.update(profile_throughput(
+                model, batch_size, [count], iterations=iterations, warmup=warmup, device=device, dataset=dataset
+            ))
+        except ValueError as exc:
+            errors.print(f"error: {exc}")
+            raise typer.Exit(2) from None
+        errors.print(f"[{step}/{len(counts)}] {curve[count]:.3f} it/s ({time.perf_counter() - started:.1f} s)",
+                     highlight=False)
     engine = get_engine(database_url)
     from flows.training.runtime import default_device
 

@@ -54,7 +54,9 @@ class Demo:
     runs: list[DemoRun] = field(default_factory=list)
 
     def say(self, text: str) -> None:
-        self.console.print(f"[dim]{time.time() - self.started:6.1f}s[/dim]  {text}", highlight=False)
+        # Piped or logged, a line stays one line (rich would cut it at 80 columns).
+        self.console.print(f"[dim]{time.time() - self.started:6.1f}s[/dim]  {text}", highlight=False,
+                           soft_wrap=not self.console.is_terminal)
 
     # -- submitting ------------------------------------------------------------
     def submit(self, role: str, iterations: int, deadline: datetime | None) -> DemoRun:
@@ -169,6 +171,7 @@ class Demo:
 
 def run_demo(home: Path, port: int, console: Console) -> bool:
     """The demo; False if an admitted run failed or did not finish."""
+    from scheduler_service.cli.hints import command
     from scheduler_service.stack.local import local_stack
     from scheduler_service.store import get_curve
 
@@ -195,5 +198,6 @@ def run_demo(home: Path, port: int, console: Console) -> bool:
         demo.submit("urgent", int(curve.get(1, best) * 30), now() + timedelta(seconds=120))
         demo.watch(lambda: all(demo.final(r) is not None for r in demo.runs), 900)
         ok = demo.summary()
-        demo.say("stopping the stack")
+        demo.say("stopping the stack; every run's phase, GPUs and outcome stay readable with: "
+                 + command("elasticflow", "status", "--home", str(home)))
     return ok

@@ -94,10 +94,11 @@ class Supervised:
             stop_groups([self.group], grace_s=0.0, first=signal.SIGKILL)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGINT first (a clean exit), then the group is SIGKILLed: flow runs
-        are in their own groups and do not depend on it. Not SIGTERM: Prefect's
-        worker takes a first SIGINT as "wait for every flow run I submitted to
-        finish", and its SIGTERM handler only turns into a second SIGINT."""
+        """SIGINT first (a clean exit), then after `grace_s` the group is
+        SIGKILLed: flow runs are in their own groups and the stack stops them
+        itself. Not a longer wait: Prefect's worker takes a first SIGINT as
+        "cancel every flow run I wait on", giving each 30 s before SIGKILL, and
+        its SIGTERM handler only sends itself that SIGINT."""
         self.restart_at = None
         if self.process is None or self.group is None:
             return

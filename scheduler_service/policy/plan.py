@@ -157,23 +157,22 @@ def fill(
     closed = 0.0
     run_gpus = 0
     run_end = end_slot
+    start = run_end  # where the current run would have to begin to cover the rest
+    width = [floor_level(levels, f) for f in range(cap + 1)]  # hot loop: no search per segment
     for a, b, free in timeline.backward(now_slot, end_slot):
-        g = floor_level(levels, min(cap, free))
+        g = width[min(cap, free)] if free > 0 else 0
         if g != run_gpus:
             if run_gpus:
                 closed += _work(curve, run_gpus, _span(b, run_end, deadline, dt), clock.overhead(run_gpus))
                 runs.append(Run(b, run_end, run_gpus))
             run_gpus, run_end = g, b
-        if not g:
-            continue
-        speed = curve.points[g]
-        ov = clock.overhead(g)
-        tail = max(0.0, run_end * dt - deadline)  # part of the last slot past the deadline
-        start = run_end - math.ceil(((need - closed) / speed + ov + tail) / dt)
-        if start >= a and start > now_slot:
+            if g:
+                tail = max(0.0, run_end * dt - deadline)  # part of the last slot past the deadline
+                start = run_end - math.ceil(((need - closed) / curve.points[g] + clock.overhead(g) + tail) / dt)
+        if g and start >= a and start > now_slot:
             runs.append(Run(start, run_end, g))
             runs.reverse()
-            return tuple(runs), closed + _work(curve, g, _span(start, run_end, deadline, dt), ov)
+            return tuple(runs), closed + _work(curve, g, _span(start, run_end, deadline, dt), clock.overhead(g))
     if run_gpus:  # the earliest run reaches now
         seconds = _span(now_slot, run_end, deadline, dt)
         charge = overhead_left if run_gpus == current_gpus else clock.overhead(run_gpus)

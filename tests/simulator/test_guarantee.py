@@ -31,6 +31,15 @@ def test_admitted_jobs_meet_their_deadlines_on_the_shared_traces(trace, cluster,
     assert ef.deadline_ratio >= edf.deadline_ratio
 
 
+@pytest.mark.parametrize("trace,cluster,gpu,interval", SHARED, ids=[s[0] for s in SHARED])
+def test_the_overload_policy_keeps_the_guarantee_on_the_shared_traces(trace, cluster, gpu, interval):
+    exp = Experiment(DATA / "traces" / f"{trace}.csv", DATA / "clusters" / f"{cluster}.csv",
+                     DATA / "throughputs" / gpu, interval)
+    _, (overload,) = exp.run(["elasticflow-overload"])
+    assert overload.admitted_missed == 0
+    assert overload.admitted + overload.rejected == overload.jobs
+
+
 CURVES = [
     ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.5, 8: 6.0, 16: 8.0}),
     ThroughputCurve({1: 2.0, 2: 3.0, 4: 3.6, 8: 3.8}),

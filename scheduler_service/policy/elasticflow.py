@@ -113,7 +113,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         cand = Candidate(job, status[job.job_id], levels, migration_allowance(job, levels, self.clock))
         if job.deadline <= now:  # still says what deadline would have been accepted now
             return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed",
-                                earliest_deadline(cand, slot, self.timeline, self.clock))
+                                self._earliest(cand, slot))
         if not self.admission:
             self.jobs[job.job_id] = job
             self._replan_in_deadline_order(slot, status)
@@ -149,7 +149,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         return self._reject(
             job, RejectReason.INSUFFICIENT_CAPACITY,
             f"the GPUs it would need before its deadline are reserved by {len(self.guaranteed)} admitted jobs",
-            earliest_deadline(cand, slot, self.timeline, self.clock),
+            self._earliest(cand, slot),
         )
 
     def _replan_with(self, cand: Candidate, slot: int, status: Mapping[str, JobStatus]) -> tuple[Timeline, dict[str, Plan]] | str:
@@ -173,6 +173,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
                 if len(movable) == DISPLACE_AT_MOST:
                     break
         return displace(cand, movable, slot, self.timeline, self.clock)
+
+    def _earliest(self, cand: Candidate, slot: int) -> float | None:
+        """The earliest deadline this policy would admit the job with now."""
+        return earliest_deadline(cand, slot, self.timeline, self.clock)
 
     def _refuse(self, cand: Candidate, plan: Plan, others: Timeline, slot: int) -> Decision | None:
         """A rejection for a job that could be guaranteed, or None to admit it.

@@ -61,10 +61,10 @@ class ElasticFlowOverload(ElasticFlowPolicy):
             f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} GPU-hours "
             f"in slots already {busy:.0%} reserved, more than one job is worth while the cluster is this busy; "
             "a later deadline spreads it over emptier slots",
-            self._earliest_priced(cand, slot),
+            self._earliest(cand, slot),
         )
 
-    def _earliest_priced(self, cand: Candidate, slot: int) -> float | None:
+    def _earliest(self, cand: Candidate, slot: int) -> float | None:
         """The earliest deadline found that this policy would admit now:
         capacity-feasible on the current timeline and within budget. Prices
         fall as the deadline moves into emptier slots, so double the window

@@ -134,3 +134,16 @@ def test_an_admitted_job_is_never_displaced(seed, load, budget):
 
     policy.schedule = checked
     assert summarize(simulate(jobs, policy)).admitted_missed == 0
+
+
+def test_a_job_turned_away_for_capacity_is_told_a_deadline_the_price_also_accepts():
+    """Its earliest feasible deadline must pass this policy's price too, or a
+    user who resubmits with it would be turned away again."""
+    jobs = [Job("a", 0.0, 8 * 0.99 * 10 * HOUR, 10 * HOUR, LINEAR)]  # the whole cluster for 10 hours
+    late = Job("late", 0.0, 2 * HOUR, 2 * HOUR, LINEAR)
+    policy = make_policy("elasticflow-overload", Topology(1, 1, 8), 60.0, overhead=NO_OVERHEAD)
+    decision = policy.schedule(SchedulingRequest(0.0, jobs + [late])).decisions[-1]
+    assert decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    retry = Job("retry", 0.0, late.iterations, decision.earliest_feasible_deadline, LINEAR)
+    status = {j.job_id: JobStatus(j.iterations) for j in jobs}
+    assert policy.schedule(SchedulingRequest(0.0, [retry], status=status)).decisions[0].admitted

@@ -51,6 +51,7 @@ class Supervised:
     quick_exits: int = 0  # exits in a row, each soon after its start
     restart_at: float | None = None  # when an exited process is due to start again
     restarts: int = field(default=0)
+    stopped: bool = False  # by the stack: not to be restarted
 
     def start(self) -> None:
         with open(self.log, "ab", opener=lambda name, flags: os.open(name, flags, 0o600)) as log:
@@ -60,6 +61,7 @@ class Supervised:
                 preexec_fn=_child_setup,
             )
         self.started_t = time.time()
+        self.stopped = False
         self.group = Group(self.process.pid, start_time(self.process.pid) or 0, self.name)
         record_group(self.home, self.process.pid, self.name)  # for a cleanup after this process died
         self.restart_at = None
@@ -68,7 +70,7 @@ class Supervised:
         """Notice an exit and schedule a restart, or restart when due; a line
         for the operator when either happens."""
         now = time.time() if now is None else now
-        if self.process is None:
+        if self.process is None or self.stopped:
             return None
         if self.restart_at is None:
             code = self.process.poll()
@@ -99,7 +101,7 @@ class Supervised:
         itself. Not a longer wait: Prefect's worker takes a first SIGINT as
         "cancel every flow run I wait on", giving each 30 s before SIGKILL, and
         its SIGTERM handler only sends itself that SIGINT."""
-        self.restart_at = None
+        self.restart_at, self.stopped = None, True
         if self.process is None or self.group is None:
             return
         if self.group.signal(signal.SIGINT):

@@ -1,6 +1,6 @@
 """`elasticflow up`'s stack under faults (issue 14): a worker killed with
-SIGKILL is restarted and the run it had launched completes in the same flow
-run; the ranks of that run see no secret of the worker's and listen on
+SIGKILL is restarted, then the server, and the run the worker had launched
+completes in the same flow run; the ranks of that run see no secret of the worker's and listen on
 loopback only; what the stack writes under its home is private; stopping the
 stack spares a process that merely exported the same ELASTICFLOW_HOME."""
 
@@ -40,14 +40,14 @@ def _ranks(home: Path, run_id: str) -> list[int]:
             for pid in group.members() if pid != group.pgid]
 
 
-def test_a_killed_worker_is_restarted_and_its_run_completes_in_the_same_flow_run(
+def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_same_flow_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    from scheduler_service.stack.local import free_port, local_stack, stack_env
+    from scheduler_service.stack.local import free_port, local_stack, stack_env, wait_healthy
     from scheduler_service.store import save_curve
 
     home, port = tmp_path / "home", free_port()
@@ -83,6 +83,13 @@ def test_a_killed_worker_is_restarted_and_its_run_completes_in_the_same_flow_run
             assert any("the worker exited with status -9" in s for s in said), said
             wait_until(lambda: worker_log.read_text(errors="replace").count("started!") >= 2, 180,
                        "the restarted worker to start")
+
+            os.kill(stack.server.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            said.clear()
+            wait_until(lambda: said.extend(stack.supervise()) or any("server restarted" in s for s in said), 60,
+                       "the server to be restarted")
+            assert any("the server exited with status -9" in s for s in said), said
+            wait_healthy(stack.api_url, stack.server.process, 240)  # type: ignore[arg-type]
 
             def final() -> object:
                 stack.supervise()

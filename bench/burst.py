@@ -87,9 +87,8 @@ class Burst:
             f"  creation -> decision: p50 {fmt(p50)}, p99 {fmt(p99)}, max {fmt(max(self.latencies.values(), default=None))}",
             f"  where it went: creation -> taken in by the worker (ef_job row) p50 "
             f"{fmt(self.percentile(50, self.taken_in))}, p99 {fmt(self.percentile(99, self.taken_in))};"
-            f" -> decided (ef_decision row) p50 "
-            f"{fmt(self.percentile(50, self.recorded))}, p99 {fmt(self.percentile(99, self.recorded))}; "
-            f"the rest is publishing the state",
+            f" the worker's decision row (ef_decision, written as it publishes) p50 "
+            f"{fmt(self.percentile(50, self.recorded))}, p99 {fmt(self.percentile(99, self.recorded))}",
             f"  lost: {self.lost}; double-booked: {len(self.double_booked)}"
             + (f" ({self.double_booked[0]})" if self.double_booked else ""),
         ]

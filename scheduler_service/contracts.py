@@ -45,6 +45,7 @@ class ServiceReason(str, Enum):
 
     INVALID_PARAMETERS = "invalid_parameters"
     PROFILING_FAILED = "profiling_failed"
+    SOONER_THAN_START_UP = "deadline_sooner_than_start_up"  # in the future, but closer than a run takes to start
 
 
 EARLIEST = "; earliest feasible deadline "

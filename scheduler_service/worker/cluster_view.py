@@ -13,9 +13,10 @@ file) once it trains, the policy's plan before.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.render import (
@@ -28,6 +29,9 @@ from scheduler_service.worker.render import (
     samples_from_changes,
 )
 from scheduler_service.worker.run_state import Phase, RunState
+
+if TYPE_CHECKING:
+    from scheduler_service.worker.worker import ElasticFlowWorker
 
 log = logging.getLogger("prefect.workers.elasticflow.cluster_view")  # shown with the worker's own lines
 
@@ -212,3 +216,23 @@ def emit_risk(emit: Callable[[str, str, dict[str, Any]], None], change: str, job
         "iterations_done": job.iterations_done, "iterations_total": job.iterations_total,
         "gpus": job.gpus, "mss": job.share,
     })
+
+
+async def show_cluster(worker: ElasticFlowWorker, now: float) -> None:
+    """Keep the cluster artifact current; tell automations, and the run's own
+    page, about deadlines at risk."""
+    import anyio
+
+    from scheduler_service.worker.decisions import tell
+
+    worker.start_cost.observe(worker.runs.values(), time.time())
+    snapshot = worker.view.snapshot(worker.runs, now)
+    for change, job in worker.view.risk_changes(snapshot):
+        emit_risk(worker.publisher.event, change, job)
+        log.warning("deadline %s: %s projected %s, due %s", change, job.name, job.projected_finish, job.deadline)
+        if job.flow_run_id in worker.runs and job.projected_finish is not None and job.deadline is not None:
+            tell(worker, worker.runs[job.flow_run_id], f"deadline {change}: projected finish "
+                 f"{job.projected_finish:%H:%M:%S}, due {job.deadline:%H:%M:%S} UTC", warning=change == "at-risk")
+    if worker.view.due(snapshot, now):
+        markdown = await anyio.to_thread.run_sync(worker.view.markdown, snapshot, now)  # renders a plot
+        await worker.view.publish(worker.client, markdown)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from scheduler_service.contracts import AllocationAction, Rejection, StateName
-from scheduler_service.policy import Decision
+from scheduler_service.contracts import AllocationAction, Rejection, ServiceReason, StateName
+from scheduler_service.policy import Decision, RejectReason
 from scheduler_service.worker.publish import gpus_label, iso
 from scheduler_service.worker.run_state import RunState
 from scheduler_service.worker.scheduler import Action, ActionKind, PlanResult
@@ -44,14 +44,26 @@ async def reject(worker: ElasticFlowWorker, flow_run: Any, rejection: Rejection,
     worker.forget(run_id)
 
 
-def rejection_of(worker: ElasticFlowWorker, decision: Decision, run: RunState) -> Rejection:
-    """The policy's rejection on the user's clock, saying what a start costs here when that mattered."""
+def rejection_of(worker: ElasticFlowWorker, decision: Decision, run: RunState, now: float) -> Rejection:
+    """The policy's rejection on the user's clock, saying what actually failed:
+    a deadline still ahead but closer than a start takes here has its own
+    reason, and an infeasible run is told which GPU counts it can use."""
+    reason = decision.reason.value if decision.reason else "rejected"
     message = decision.message
-    if run.deadline is not None and worker.start_cost.reserve():
-        message += f" (a run takes about {worker.start_cost.startup_s():.0f} s to start here)"
+    startup = worker.start_cost.startup_s()
+    if decision.reason is RejectReason.DEADLINE_PASSED and run.deadline is not None and run.deadline > now:
+        reason = ServiceReason.SOONER_THAN_START_UP.value
+        message = (f"the deadline is {run.deadline - now:.0f} s away, but a run takes about {startup:.0f} s to "
+                   f"start here, and {run.margin.of(run.deadline - run.taken_in_at):.0f} s more are kept for safety")
+    elif decision.reason in (RejectReason.INFEASIBLE_ALONE, RejectReason.NO_USABLE_GPU_COUNT):
+        levels = run.job.curve.levels if run.job.curve.speed(1) > 1e-6 else ()
+        usable = ", ".join(map(str, levels)) or "none"
+        message += (f" (usable GPU counts at global batch {run.job.batch_size}: {usable}; a run uses no more GPUs "
+                    f"than samples in its global batch, and only counts where its measured speed grows)")
+    elif run.deadline is not None and startup:
+        message += f" (a run takes about {startup:.0f} s to start here)"
     earliest = decision.earliest_feasible_deadline
-    return Rejection.of(decision.reason.value if decision.reason else "rejected", message,
-                        None if earliest is None else run.to_user_time(earliest))
+    return Rejection.of(reason, message, None if earliest is None else run.to_user_time(earliest))
 
 
 async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> None:
@@ -71,7 +83,7 @@ async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> 
 
     async def one(decision: Decision, run: RunState) -> None:
         async with gate:
-            await reject(worker, run.flow_run, rejection_of(worker, decision, run), result.seconds)
+            await reject(worker, run.flow_run, rejection_of(worker, decision, run, now), result.seconds)
 
     async with anyio.create_task_group() as group:
         for decision in result.decisions:
@@ -93,12 +105,60 @@ async def _admitted(worker: ElasticFlowWorker, run: RunState, decision: Decision
         "guaranteed_finish": iso(decision.guaranteed_finish), "decision_ms": round(result.seconds * 1000, 3),
         "allocation": result.allocation.get(run.run_id, 0),
     })
-    logger = worker.get_flow_run_logger(run.flow_run) if run.flow_run is not None else log
-    logger.info("ElasticFlow: %s", decision.message)
+    guaranteed = f"; guaranteed to finish by {_clock(decision.guaranteed_finish)}" \
+        if decision.guaranteed_finish is not None else ""
+    tell(worker, run, f"{decision.message}{guaranteed}")
     if run.response is not None:
         await worker.publisher.waiting_state(run, StateName.ADMITTED, now, decision.message)
     await worker.publisher.history(run, AllocationAction.ADMITTED, (), share=share,
                                    guaranteed_finish=decision.guaranteed_finish)
+
+
+def tell(worker: ElasticFlowWorker, run: RunState, text: str, warning: bool = False) -> None:
+    """A line in the run's own logs: the tab its page opens on, read without a click."""
+    logger = worker.get_flow_run_logger(run.flow_run) if run.flow_run is not None else log
+    try:
+        (logger.warning if warning else logger.info)("ElasticFlow: %s", text)
+    except Exception:
+        log.info("flow run %s: %s", run.run_id, text)
+
+
+def outlook_line(run: RunState, now: float, margin_s: float, gpus: tuple[int, ...], nodes: list[str]) -> str:
+    """Where the run stands, in one line: GPUs and nodes, projected finish against the deadline."""
+    where = f"on {len(gpus)} GPU{'s' if len(gpus) != 1 else ''} {gpus_label(gpus)} ({', '.join(nodes)})" \
+        if gpus else "holding no GPUs"
+    finish = run.projected_finish
+    if run.deadline is None:
+        return f"{where}; best-effort" + (f", projected finish {_clock(finish)}" if finish else "")
+    if finish is None:
+        return f"{where}; deadline {_clock(run.deadline)}"
+    spare = run.deadline - finish
+    verdict = ("late" if spare < 0 or now > run.deadline else "at risk" if spare < margin_s else "on track")
+    return (f"{where}; projected finish {_clock(finish)}, deadline {_clock(run.deadline)}: {verdict} "
+            f"({_span(abs(spare))} {'to spare' if spare >= 0 else 'late'})")
+
+
+def outcome_line(run: RunState, now: float) -> str:
+    """How the run ended against its deadline, as its GPUs are released."""
+    status = run.status()
+    done = status.iteration if status is not None else 0
+    if done < run.job.iterations:
+        return f"ended after {done}/{run.job.iterations:.0f} iterations (stopped); its GPUs are free"
+    if run.deadline is None:
+        return f"finished at {_clock(now)} (best-effort); its GPUs are free"
+    spare = run.deadline - now
+    return (f"finished at {_clock(now)}: deadline {'met' if spare >= 0 else 'missed'} "
+            f"({_span(abs(spare))} {'to spare' if spare >= 0 else 'late'}); its GPUs are free")
+
+
+def _clock(seconds: float) -> str:
+    return (iso(seconds) or "beyond any date")[:19].replace("T", " ") + " UTC"
+
+
+def _span(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 async def apply(worker: ElasticFlowWorker, action: Action, now: float) -> bool:
@@ -126,6 +186,9 @@ async def apply(worker: ElasticFlowWorker, action: Action, now: float) -> bool:
     worker.publisher.event(run.run_id, "elasticflow.allocation.changed", {
         "action": allocation.value, "gpus": list(action.gpus), "world_size": len(action.gpus), "nodes": nodes,
     }, nodes=nodes)
+    verb = {AllocationAction.LAUNCH: "launched", AllocationAction.RESCALE: "resized: now",
+            AllocationAction.PARK: "parked (checkpointed; it waits for its new GPUs),"}.get(allocation, allocation.value)
+    tell(worker, run, f"{verb} {outlook_line(run, now, worker.view.margin.total_seconds(), action.gpus, nodes)}")
     if allocation is AllocationAction.LAUNCH:
         run.launched_at = time.time()
         return True

@@ -17,7 +17,7 @@ from typing import Any
 
 from flows.training.control import FileControlChannel
 from scheduler_service.policy import Job, ThroughputCurve
-from scheduler_service.worker.run_state import Phase, RunState, plan_deadline_with_reserve
+from scheduler_service.worker.run_state import NO_MARGIN, Phase, RunState, SafetyMargin
 
 NO_SPEED = {1: 1e-9}  # a curve with nothing measurable: the policy finds no usable GPU count
 
@@ -146,12 +146,13 @@ def new_run(run_id: str, name: str, request: Request, control_root: str, now: fl
 
 
 def ready(run: RunState, points: dict[int, float], max_job_gpus: int, launch_reserve_s: float,
-          now: float) -> RunState:
+          now: float, margin: SafetyMargin = NO_MARGIN) -> RunState:
     """The run with its throughput curve and its plan deadline: handed to the
     scheduler, which decides at once."""
     request: Request = run.params
-    run.job = policy_job(run.run_id, now, request.iterations,
-                         plan_deadline_with_reserve(run.deadline, launch_reserve_s), points, request.model,
-                         request.batch_size, max_job_gpus)
+    run.reserve_s, run.margin = launch_reserve_s, margin
+    run.job = policy_job(run.run_id, now, request.iterations, None, points, request.model, request.batch_size,
+                         max_job_gpus)
+    run.replan()
     run.phase = Phase.WAITING
     return run

@@ -79,17 +79,17 @@ class Outlook(str, Enum):
     BEST_EFFORT = "best-effort"
 
 
-# Colour from emoji where the viewer has an emoji font; the words (bold when
-# someone should act) carry the meaning where it has none.
+# Words, bold when someone should act: they read the same in every font
+# (emoji showed as empty boxes where no emoji font is installed).
 _MARK = {
-    Outlook.ON_TRACK: "🟢 on track",
-    Outlook.AT_RISK: "🟠 **at risk**",
-    Outlook.LATE: "🔴 **late**",
-    Outlook.MET: "✅ met",
-    Outlook.MISSED: "❌ **missed**",
-    Outlook.STOPPED: "⏹ stopped",
-    Outlook.UNKNOWN: "⚪ no projection",
-    Outlook.BEST_EFFORT: "⚪ best-effort",
+    Outlook.ON_TRACK: "on track",
+    Outlook.AT_RISK: "**at risk**",
+    Outlook.LATE: "**late**",
+    Outlook.MET: "met",
+    Outlook.MISSED: "**missed**",
+    Outlook.STOPPED: "stopped",
+    Outlook.UNKNOWN: "no projection",
+    Outlook.BEST_EFFORT: "best-effort",
 }
 _FINISHED = {"finished", "completed"}
 
@@ -210,14 +210,14 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     """The jobs table, earliest deadline first, best-effort jobs last."""
     if not snapshot.jobs:
         return "_No jobs._"
-    # The outlook comes second: the Prefect UI shows wide tables in a narrow
-    # column and scrolls the rest out of sight.
-    header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs", "status", "model"]
+    # The outlook comes second, and the model shares the job's cell: the
+    # Prefect UI shows tables in a column about 1000 pixels wide at 1280.
+    header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs", "status"]
     rows = []
     for job in sorted(snapshot.jobs, key=_order):
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
         cells = [
-            f"{_cell(job.name)} `{job.flow_run_id[:8]}`",
+            f"{_cell(job.name)} `{job.flow_run_id[:8]}` {_cell(job.model)}",
             _MARK[outlook(job, snapshot.at, margin)],
             _progress(job),
             _when(job.projected_finish, snapshot.at),
@@ -225,7 +225,6 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
             "best-effort" if job.share is None else str(job.share),
             gpus,
             _cell(job.status),
-            _cell(job.model),
         ]
         rows.append(cells)
     return markdown_table(header, rows)

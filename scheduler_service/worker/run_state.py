@@ -29,17 +29,48 @@ class Phase(str, Enum):
     FINISHED = "finished"
 
 
-def plan_deadline_with_reserve(deadline: float | None, launch_reserve_s: float) -> float | None:
-    """A new run's deadline as the policy plans it: its start is paid in front of it."""
-    return None if deadline is None else deadline - launch_reserve_s
+@dataclass(frozen=True, slots=True)
+class SafetyMargin:
+    """Room kept in front of an admitted run's deadline, so that a machine a
+    little slower than its profile still finishes in time: a fraction of the
+    run's window, and at least `floor_s` (a slot: a plan is revised no sooner)."""
+
+    fraction: float = 0.0
+    floor_s: float = 0.0
+
+    def of(self, window_s: float) -> float:
+        return max(self.floor_s, self.fraction * max(0.0, window_s))
 
 
-def plan_deadline_mid_slot(plan_deadline: float | None, elapsed_s: float) -> float | None:
-    """Planned from the slot's boundary, a run decided `elapsed_s` into the slot
-    must not be credited the part of the slot already gone."""
-    if plan_deadline is None:
+NO_MARGIN = SafetyMargin()
+
+
+def plan_deadline_for(deadline: float | None, window_from: float, reserve_s: float,
+                      margin: SafetyMargin = NO_MARGIN) -> float | None:
+    """The deadline the policy plans a run against: the user's, less what its
+    start costs beyond a restart (`reserve_s`) and the safety margin on its
+    window (from `window_from`, when it was taken in)."""
+    if deadline is None:
         return None
-    return plan_deadline - max(0.0, elapsed_s)
+    return deadline - reserve_s - margin.of(deadline - window_from)
+
+
+def user_deadline_for(plan_time: float, window_from: float, reserve_s: float,
+                      margin: SafetyMargin = NO_MARGIN) -> float:
+    """The inverse: the user's deadline whose plan deadline is `plan_time`, so
+    that an earliest feasible deadline told to a user is feasible when used
+    (a later deadline has a wider window and so a wider margin)."""
+    floor_only = plan_time + reserve_s + margin.floor_s
+    if margin.fraction <= 0 or margin.fraction * (floor_only - window_from) <= margin.floor_s:
+        return floor_only
+    return (plan_time + reserve_s - margin.fraction * window_from) / (1.0 - margin.fraction)
+
+
+def plan_deadline_mid_slot(reserve_s: float, elapsed_s: float) -> float:
+    """Planned from the slot's boundary, a run decided `elapsed_s` into the
+    slot must not be credited the part of the slot already gone: that much
+    more is kept in front of its deadline."""
+    return reserve_s + max(0.0, elapsed_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +90,8 @@ class RunState:
     adopted: bool = False  # admitted by an earlier life of the service: never rejected now
     stopping: bool = False  # told to stop (it was cancelled): never commanded again
     deadline: float | None = field(default=None)  # the user's; None with a job deadline: the same
+    reserve_s: float = 0.0  # kept in front of it: a start's cost beyond a restart, the part of a slot gone
+    margin: SafetyMargin = NO_MARGIN
     # -- what the service shows of it -----------------------------------------
     name: str = ""
     flow_run: Any = None  # the Prefect FlowRun it was taken in from
@@ -70,7 +103,8 @@ class RunState:
     projected_finish: float | None = None  # the policy's, on its clock
     launched_at: float | None = None  # until its first iteration: what a start really costs
     params: Any = None  # its validated TrainParameters (profiling needs them)
-    taken_in_at: float = 0.0
+    taken_in_at: float = 0.0  # its window (for the margin) counts from here
+    speed_ratio: float = 1.0  # its measured speed over its profile's, as the plans use it
 
     def __post_init__(self) -> None:
         if self.deadline is None:
@@ -83,11 +117,30 @@ class RunState:
     def plan_with(self, plan_deadline: float | None) -> None:
         self.job = replace(self.job, deadline=plan_deadline)
 
+    def replan(self) -> None:
+        """The plan deadline from the user's, after `reserve_s` or `margin` changed."""
+        self.plan_with(plan_deadline_for(self.deadline, self.taken_in_at, self.reserve_s, self.margin))
+
     def to_user_time(self, plan_time: float) -> float:
         """A time on the plan's deadline scale (an earliest feasible deadline) as the user's."""
         if self.deadline is None or self.plan_deadline is None:
             return plan_time
-        return plan_time + (self.deadline - self.plan_deadline)
+        return user_deadline_for(plan_time, self.taken_in_at, self.reserve_s, self.margin)
+
+    def observe_speed(self, measured: float, gpus: int, profiled: float) -> bool:
+        """Plan with the speed the run shows, not only its profile: a shared
+        machine is slower than an idle one. Only slower (a profile is the best
+        case), smoothed, and only a change of 3% or more is applied; True then."""
+        if measured <= 0 or profiled <= 0 or gpus <= 0:
+            return False
+        ratio = 0.7 * self.speed_ratio + 0.3 * min(1.0, max(0.2, measured / profiled))
+        if abs(ratio - self.speed_ratio) < 0.03 * self.speed_ratio:
+            return False
+        curve = self.job.curve
+        base = {g: v / self.speed_ratio for g, v in curve.points.items()}
+        self.speed_ratio = ratio
+        self.job = replace(self.job, curve=type(curve)({g: v * ratio for g, v in base.items()}))
+        return True
 
     def status(self) -> RunStatus | None:
         """What its rank 0 last reported; None before it trained."""

@@ -131,8 +131,11 @@ class Scheduler:
             run_id = run.run_id
             if run.phase == Phase.FINISHED or run.stopping:
                 continue
-            done = run.iterations_done()
+            status = run.status()
+            done = status.iteration if status is not None else 0
             gpus = len(run.commanded) if run.phase == Phase.RUNNING else 0
+            if status is not None and status.iterations_per_s and gpus and len(status.gpus) == gpus:
+                run.observe_speed(status.iterations_per_s, gpus, run.job.curve.speed(gpus) / run.speed_ratio)
             overhead_left = max(0.0, self.policy.clock.overhead(gpus) - (now - run.since)) if gpus else 0.0
             since_boundary = run.job.curve.speed(gpus) * elapsed if gpus else 0.0
             out[run_id] = JobStatus(max(0.0, run.job.iterations - done + since_boundary), gpus, overhead_left)
@@ -148,8 +151,9 @@ class Scheduler:
         arrivals, self.arrivals = self.arrivals, []
         elapsed = now - self.last_slot * self.policy.clock.interval
         for run in arrivals:  # planned from the boundary: what is gone of this slot is not theirs
-            if not run.adopted and elapsed > 0:
-                run.plan_with(plan_deadline_mid_slot(run.plan_deadline, elapsed))
+            if not run.adopted and elapsed > 0 and run.deadline is not None:
+                run.reserve_s = plan_deadline_mid_slot(run.reserve_s, elapsed)
+                run.replan()
         finished, self.finished = self.finished, []
         status = self.status(now)
         started = time.perf_counter()
@@ -195,7 +199,7 @@ class Scheduler:
             return {g for r in active if r is not run for g in r.target}
 
         for run in [r for r in active if r.phase == Phase.RUNNING and r.pending_seq is None and not r.stopping]:
-            if run.target == run.commanded:
+            if run.target == run.commanded or (run.commanded and self._finishes_before_a_restart(run, run.target)):
                 continue
             if run.target and not set(run.target) & held_by_others(run):
                 self._command(run, run.target, now)
@@ -212,6 +216,16 @@ class Scheduler:
             else:
                 actions.append(Action(run.run_id, ActionKind.AWAIT, run.target))
         return actions
+
+    def _finishes_before_a_restart(self, run: RunState, target: tuple[int, ...]) -> bool:
+        """A resize costs a restart: one that would outlast what is left of the
+        run's work where it is does nothing but delay it (and whoever waits for
+        its GPUs waits less than that restart)."""
+        speed = run.job.curve.speed(len(run.commanded)) if len(run.commanded) in run.job.curve.points else 0.0
+        if speed <= 0:
+            return False
+        left_s = max(0.0, run.job.iterations - run.iterations_done()) / speed
+        return left_s <= self.policy.clock.overhead(max(1, len(target)))
 
     def _command(self, run: RunState, gpus: tuple[int, ...], now: float) -> None:
         command = run.channel.request("rescale", list(gpus))

@@ -48,6 +48,9 @@ class WorkerSettings(BaseSettings):
         "projected finish comes within this of it; at least a slot", "60", ge=0)
     warm_start: bool = _setting(True, "0: start every flow process cold instead of forking it from the warm-start "
                                 "server", "1")
+    safety_margin: float = _setting(
+        0.05, "room kept in front of an admitted run's deadline, as a fraction of its window (at least a slot), "
+        "for a machine slower than its profile", "0.05", ge=0, lt=0.5)
     restart_s: float = _setting(2.0, "restart cost the plans charge (+0.5 s to stop)", "2", ge=0)
     launch_s: float | None = _setting(
         None, "launch to first iteration of a new run; the part beyond a restart is kept in front of its deadline",

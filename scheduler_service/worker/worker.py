@@ -29,7 +29,7 @@ from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import decisions, intake, recovery, stopping
 from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
-from scheduler_service.worker.cluster_view import ClusterView, emit_risk
+from scheduler_service.worker.cluster_view import ClusterView, show_cluster
 from scheduler_service.worker.configuration import (
     ElasticFlowJobConfiguration,
     ElasticFlowVariables,
@@ -38,7 +38,7 @@ from scheduler_service.worker.configuration import (
 from scheduler_service.worker.prefect_api import scheduled_runs, submit, synced
 from scheduler_service.worker.profiling import Profiler, measure_in_processes
 from scheduler_service.worker.publish import Publisher
-from scheduler_service.worker.run_state import Phase, RecentIds, RunState
+from scheduler_service.worker.run_state import Phase, RecentIds, RunState, SafetyMargin
 from scheduler_service.worker.scheduler import Scheduler
 from scheduler_service.worker.settings import load_settings
 from scheduler_service.worker.start_cost import StartCost
@@ -158,7 +158,7 @@ class ElasticFlowWorker(ProcessWorker):
         for action in self.scheduler.actuate(now):
             if await decisions.apply(self, action, now):
                 launches.append(self.runs[action.run_id].response)
-        await self._show_cluster(now)
+        await show_cluster(self, now)
         return await submit(self, [entry for entry in launches if entry is not None])
 
     async def _take_in_one(self, entry: Any, now: float) -> None:
@@ -196,8 +196,9 @@ class ElasticFlowWorker(ProcessWorker):
                                            "profiling the throughput of this model on first use")
 
     def _ready(self, run: RunState, points: dict[int, float], now: float) -> None:
+        margin = SafetyMargin(self.settings.safety_margin, floor_s=self.interval)
         self.scheduler.arrive(intake.ready(run, points, self.cluster.topology.max_job_gpus,
-                                           self.start_cost.reserve(), now))
+                                           self.start_cost.reserve(), now, margin))
 
     async def _flow_name(self, flow_run: FlowRun) -> str:
         """Only `train` runs are scheduled; a pipeline deployed to the same pool runs at once."""
@@ -209,18 +210,6 @@ class ElasticFlowWorker(ProcessWorker):
                                      exc_info=True)
                 return TRAIN_FLOW
         return self.flow_names[flow_run.flow_id]
-
-    async def _show_cluster(self, now: float) -> None:
-        """Keep the cluster artifact current; tell automations about deadlines at risk."""
-        self.start_cost.observe(self.runs.values(), time.time())
-        snapshot = self.view.snapshot(self.runs, now)
-        for change, job in self.view.risk_changes(snapshot):
-            emit_risk(self.publisher.event, change, job)
-            self._logger.warning("deadline %s: %s projected %s, due %s", change, job.name, job.projected_finish,
-                                 job.deadline)
-        if self.view.due(snapshot, now):
-            markdown = await anyio.to_thread.run_sync(self.view.markdown, snapshot, now)  # renders a plot
-            await self.view.publish(self.client, markdown)
 
     def clock(self) -> float:
         """Now, on the policy's clock: epoch seconds."""
@@ -278,6 +267,7 @@ class ElasticFlowWorker(ProcessWorker):
         """The run's process exited (or it never started): its GPUs are free and it is forgotten."""
         run = self.runs.get(run_id)
         if run is not None and run_id in self.scheduler.runs and run.phase != Phase.FINISHED:
+            decisions.tell(self, run, decisions.outcome_line(run, time.time()))
             await self.publisher.history(run, AllocationAction.RELEASE, ())
             self.scheduler.finish(run_id)
             self.store.upsert_job(run_id, status="finished", gpus="")

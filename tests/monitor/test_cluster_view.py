@@ -92,7 +92,7 @@ def test_a_finished_run_stays_listed_with_whether_it_met_its_deadline(tmp_path: 
     snapshot = view.snapshot(_named(run, "ranker"), NOW + 40)
     (job,) = snapshot.jobs
     assert (job.status, job.iterations_done, job.gpus) == ("finished", 1000, [])
-    assert "✅ met" in view.markdown(snapshot, NOW + 40)
+    assert "| met |" in view.markdown(snapshot, NOW + 40)
     assert view.risk_changes(snapshot) == []
 
 
@@ -106,7 +106,7 @@ def test_a_run_that_ended_before_its_last_iteration_is_shown_stopped_not_met(tmp
     (job,) = snapshot.jobs
     assert (job.status, job.iterations_done) == ("stopped", 300)
     text = view.markdown(snapshot, NOW + 10)
-    assert "⏹ stopped" in text and "met" not in text.split("## Jobs")[1].split("_MSS")[0]
+    assert "| stopped |" in text and "met" not in text.split("## Jobs")[1].split("_MSS")[0]
 
 
 def test_after_a_restart_the_plot_starts_from_the_stored_allocations(tmp_path: Path) -> None:

@@ -9,7 +9,13 @@ from datetime import datetime, timezone
 import pytest
 
 from scheduler_service.worker.intake import InvalidRun, new_run, read_request, ready, usable_points
-from scheduler_service.worker.run_state import Phase, plan_deadline_mid_slot, plan_deadline_with_reserve
+from scheduler_service.worker.run_state import (
+    Phase,
+    SafetyMargin,
+    plan_deadline_for,
+    plan_deadline_mid_slot,
+    user_deadline_for,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc).timestamp()
 
@@ -39,18 +45,27 @@ def test_a_run_uses_no_more_gpus_than_its_batch_has_samples() -> None:
     assert usable_points({1: 10.0, 2: 19.0, 4: 35.0, 8: 0.0}, batch_size=2, max_job_gpus=8) == {1: 10.0, 2: 19.0}
 
 
-def test_the_launch_reserve_and_the_mid_slot_correction_move_only_the_plan_deadline(tmp_path: object) -> None:
-    assert plan_deadline_with_reserve(None, 12.0) is None
-    assert plan_deadline_with_reserve(NOW + 600, 12.0) == NOW + 588
-    assert plan_deadline_mid_slot(NOW + 588, 0.0) == NOW + 588
-    assert plan_deadline_mid_slot(NOW + 588, 1.5) == NOW + 586.5
+def test_the_launch_reserve_the_margin_and_the_mid_slot_correction_move_only_the_plan_deadline(
+        tmp_path: object) -> None:
+    margin = SafetyMargin(fraction=0.05, floor_s=2.0)
+    assert plan_deadline_for(None, NOW, 12.0, margin) is None
+    assert plan_deadline_for(NOW + 600, NOW, 12.0) == NOW + 588
+    assert plan_deadline_for(NOW + 600, NOW, 12.0, margin) == NOW + 600 - 12 - 30  # 5% of a 10-minute window
+    assert plan_deadline_for(NOW + 20, NOW, 12.0, margin) == NOW + 20 - 12 - 2  # at least a slot
+    assert plan_deadline_mid_slot(12.0, 0.0) == 12.0 and plan_deadline_mid_slot(12.0, 1.5) == 13.5
+    for deadline in (NOW + 20, NOW + 600, NOW + 86400):  # the inverse, on both sides of the floor
+        plan = plan_deadline_for(deadline, NOW, 12.0, margin)
+        assert plan is not None and abs(user_deadline_for(plan, NOW, 12.0, margin) - deadline) < 1e-6
     request = read_request({"model": "mlp", "iterations": 100, "deadline": "+10m"}, NOW)
     run = new_run("r", "calm-otter", request, str(tmp_path), NOW)
     assert run.phase == Phase.PROFILING and run.deadline == NOW + 600
-    ready(run, {1: 10.0, 2: 19.0}, max_job_gpus=2, launch_reserve_s=12.0, now=NOW)
-    assert run.phase == Phase.WAITING and run.deadline == NOW + 600 and run.plan_deadline == NOW + 588
-    run.plan_with(plan_deadline_mid_slot(run.plan_deadline, 2.0))
-    assert run.to_user_time(NOW + 1000) == NOW + 1014  # an earliest deadline goes back to the user's clock
+    ready(run, {1: 10.0, 2: 19.0}, max_job_gpus=2, launch_reserve_s=12.0, now=NOW, margin=margin)
+    assert run.phase == Phase.WAITING and run.deadline == NOW + 600 and run.plan_deadline == NOW + 558
+    run.reserve_s = plan_deadline_mid_slot(run.reserve_s, 2.0)
+    run.replan()
+    assert run.plan_deadline == NOW + 556 and run.deadline == NOW + 600
+    later = plan_deadline_for(NOW + 1000, NOW, run.reserve_s, margin)
+    assert later is not None and abs(run.to_user_time(later) - (NOW + 1000)) < 1e-6  # earliest deadlines, told right
 
 
 def test_a_users_model_module_is_never_imported_into_the_worker(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

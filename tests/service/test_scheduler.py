@@ -235,3 +235,26 @@ def test_an_arrival_mid_slot_is_decided_at_once_without_being_credited_the_slot_
     # a has run at 2 GPUs since the boundary: the plan gets back the work it credits again.
     status = sched.status(T0 + 1.5)
     assert status["a"].remaining == 4000 + 36.0 * 1.5
+
+
+def test_plans_use_the_speed_a_run_shows_when_it_is_slower_than_its_profile(tmp_path: Path) -> None:
+    sched, a = _alone_on_both(tmp_path)
+    a.channel.publish_status({"iteration": 100, "iterations_per_s": 18.0, "gpus": [0, 1]})  # profile: 36 it/s
+    for _ in range(10):
+        sched.status(T0 + 5)
+    assert 0.5 <= a.speed_ratio < 0.6 and abs(a.job.curve.speed(2) - 36.0 * a.speed_ratio) < 1e-9
+    assert abs(a.job.curve.speed(1) - 20.0 * a.speed_ratio) < 1e-9  # the whole curve, not one point
+    a.channel.publish_status({"iteration": 200, "iterations_per_s": 50.0, "gpus": [0, 1]})  # faster: capped
+    for _ in range(30):
+        sched.status(T0 + 10)
+    assert a.speed_ratio <= 1.0 and a.job.curve.speed(2) <= 36.0
+
+
+def test_a_run_about_to_finish_is_not_resized(tmp_path: Path) -> None:
+    sched, a = _alone_on_both(tmp_path)
+    a.channel.publish_status({"iteration": 4000 - 10, "gpus": [0, 1]})  # 10 iterations at 36 it/s: < a restart
+    a.target = (0,)
+    assert [x for x in sched.actuate(T0 + 1) if x.run_id == "a"] == []
+    a.channel.publish_status({"iteration": 100, "gpus": [0, 1]})  # far from done: the resize goes ahead
+    (action,) = [x for x in sched.actuate(T0 + 1) if x.run_id == "a"]
+    assert action.kind == "rescale" and action.gpus == (0,)

@@ -12,6 +12,15 @@ from scheduler_service.worker.settings import SettingsError, load_settings, sett
 DOCS = Path(__file__).parents[2] / "docs" / "service.md"
 
 
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start from no ELASTICFLOW_* setting (a stack in this process may have set some)."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("ELASTICFLOW_")]:
+        monkeypatch.delenv(name)
+
+
 def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ELASTICFLOW_INTERVAL_S", "2")
     monkeypatch.setenv("ELASTICFLOW_POLL_S", "5")

@@ -6,7 +6,6 @@ curve is stored): admitted, or rejected with a reason naming what failed."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -202,7 +202,7 @@ def test_the_cluster_artifact_renders_its_tables_and_the_embedded_plot(
     the page shows."""
     page.goto(f"{ui_stack.ui_url}/artifacts/artifact/{runs.cluster_artifact}")
     wait_text(page, "0/2 GPUs busy")  # the updated version: the run finished
-    expect_cell(page, "✅ met")
+    expect_cell(page, "met")
     expect_cell(page, runs.admitted_name)
     image = page.locator('img[src^="data:image/png;base64,"]')
     image.first.wait_for(state="visible", timeout=15_000)

@@ -35,13 +35,14 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
+from prefect.exceptions import FailedRun, MissingContextError
 from pydantic import BaseModel, ConfigDict, Field
 
 from elasticflow_block.deadline import (
     DeadlinePlan,
     DownstreamStep,
     HistoryPolicy,
+    SLATooClose,
     derive_deadline,
     given_steps,
     resolve_sla,
@@ -100,6 +101,50 @@ class TrainingRejected(TrainingError):
         if self.earliest_feasible_deadline is None or self.plan is None:
             return None
         return self.earliest_feasible_deadline + self.plan.reserved
+
+
+_REFUSALS: set[str] = set()  # messages of the Failed states refusal_state() made in this process
+
+
+def refusal_state(refusal: SLATooClose | TrainingRejected) -> Any:
+    """The Failed state for a pipeline flow to return when its training was
+    refused: named after the refusal (`SLATooClose`, `TrainingRejected`), its
+    message the whole reason, with the earliest feasible SLA of a rejection.
+
+    Returned rather than raised, so that the flow engine does not log it as an
+    exception with a traceback; the line Prefect's engine still logs for any
+    failed flow run (the traceback of its own re-raise) is dropped for these
+    states by _RefusalsWithoutTraceback.
+    """
+    from prefect.states import Failed
+
+    message = str(refusal)
+    if isinstance(refusal, TrainingRejected):
+        earliest = refusal.earliest_feasible_sla
+        message += f"; earliest feasible SLA {earliest.isoformat() if earliest else 'unknown'}"
+    _REFUSALS.add(message)
+    return Failed(name=type(refusal).__name__, message=message)
+
+
+class _RefusalsWithoutTraceback(logging.Filter):
+    """A refused SLA is an answer, not a bug: its message says everything, and
+    a traceback in the run's logs reads like a crash. Prefect logs one for the
+    task that raised the refusal (the line stays, without its traceback), and
+    one for a flow run that returned refusal_state() ("Engine execution exited
+    with unexpected exception" around its own FailedRun: the line goes, as the
+    "Finished in state" line before it says the same)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, (SLATooClose, TrainingRejected)):
+            record.exc_info, record.exc_text = None, None
+        elif isinstance(error, FailedRun) and str(error) in _REFUSALS:
+            return False
+        return True
+
+
+for _name in ("prefect.task_runs", "prefect.flow_runs"):
+    logging.getLogger(_name).addFilter(_RefusalsWithoutTraceback())
 
 
 class TrainedModel(BaseModel):

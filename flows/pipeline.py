@@ -28,11 +28,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.states import State
 from pydantic import BaseModel, ConfigDict
 
 from elasticflow_block.deadline import HistoryPolicy, SLATooClose, resolve_sla
 from elasticflow_block.home import elasticflow_home
-from elasticflow_block.pipeline import TrainedModel, TrainingRejected, train_model
+from elasticflow_block.pipeline import TrainedModel, TrainingRejected, refusal_state, train_model
 
 DEFAULT_SLA = "06:00Z"  # a time of day: the next 06:00 UTC after the run starts
 DOWNSTREAM = ["evaluate", "register"]  # task names after training, learned from their past runs
@@ -176,8 +177,9 @@ def daily_pipeline(
     iterations: int = 300,
     samples: int = 2048,
     learning_rate: float = 0.05,
-) -> str:
-    """Prepare data, train against the SLA, evaluate the checkpoint, register it; returns the registry entry.
+) -> str | State:
+    """Prepare data, train against the SLA, evaluate the checkpoint, register it; returns the registry entry
+    (a Failed state named TrainingRejected or SLATooClose when training was refused).
 
     `sla`: when the registered model is due: ISO-8601 with a zone, `+1h`, or a
     time of day such as `06:00Z` (its next occurrence); default `06:00Z`.
@@ -205,16 +207,17 @@ def daily_pipeline(
     except TrainingRejected as rejected:
         # A real pipeline picks one: relax the SLA to rejected.earliest_feasible_sla,
         # retry with a smaller model or fewer iterations, or page someone. Here: say
-        # exactly what was refused and fail the run, which an automation can alert on.
+        # exactly what was refused and fail the run, which an automation can alert
+        # on. An expected refusal: a named Failed state with the message, no traceback.
         earliest = rejected.earliest_feasible_sla.isoformat() if rejected.earliest_feasible_sla else "unknown"
         _refused("pipeline-training-rejected", f"training rejected: `{rejected.reason}`",
                  f"{rejected.message}\n\nearliest feasible SLA: {earliest}")
         logger.error("training rejected reason=%s earliest_feasible_sla=%s", rejected.reason, earliest)
-        raise
+        return refusal_state(rejected)
     except SLATooClose as too_close:  # nothing was submitted: no time was left to train
         _refused("pipeline-training-rejected", "no time left to train", str(too_close))
         logger.error("training not submitted: %s", too_close)
-        raise
+        return refusal_state(too_close)
     evaluation = evaluate(trained, data.result())
     return register(trained, evaluation, due, str(home / "registry"))
 

@@ -15,7 +15,7 @@ from prefect import flow, task
 
 from elasticflow_block import HistoryPolicy, TrainingFailed, TrainingRejected, train_model
 from elasticflow_block.pipeline import learn_steps
-from tests.stack import Stack, flow_run_states
+from tests.stack import Stack, flow_run_states, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,8 @@ def test_the_daily_pipeline_trains_admitted_evaluates_the_checkpoint_and_registe
         deployment = client.read_deployment_by_name("pipeline/daily")
         runs_before = {str(r.id) for r in client.read_flow_runs()}
     assert deployment.work_pool_name == "gpus" and deployment.parameters == {"sla": "06:00Z"}
-    assert [s.schedule.cron for s in deployment.schedules] == ["0 1 * * *"]
+    # off until the user turns it on (prefect.yaml: active: false)
+    assert [(s.schedule.cron, s.active) for s in deployment.schedules] == [("0 1 * * *", False)]
 
     pipeline = run_deployment("pipeline/daily", parameters={"sla": "+5m"}, timeout=0)
     done = stack.wait_final(str(pipeline.id), 240)  # ~100 s on two cores shared with other suites
@@ -154,7 +155,9 @@ def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_i
     late = run_deployment("pipeline/daily", parameters={"sla": "+1h"}, timeout=0,
                           scheduled_time=datetime.now(timezone.utc) - timedelta(hours=2))
     run = stack.wait_final(str(late.id), 180)
-    assert run.state.is_failed(), f"{run.state!r}"
+    assert run.state.is_failed() and run.state.name == "SLATooClose", f"{run.state!r}"
+    assert "leaves no time to train" in run.state.message
+    _assert_logs_without_traceback(str(late.id), "leaves no time to train")
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[late.id])))
@@ -163,3 +166,31 @@ def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_i
     (artifact,) = [a for a in artifacts if a.key == "pipeline-training-rejected"]
     assert "no time left to train" in str(artifact.data) and "leaves no time to train" in str(artifact.data)
     assert children == []  # nothing was submitted
+
+
+def _assert_logs_without_traceback(run_id: str, says: str) -> None:
+    """The run's logs (its tasks' too) say why, and hold no traceback: an expected refusal is no crash."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    def logs() -> list[str] | None:
+        with get_client(sync_client=True) as client:
+            found = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))]  # type: ignore[list-item]
+        return found if any("Finished in state" in m and "type=FAILED" in m for m in found) else None
+
+    messages = wait_until(logs, 30, "the pipeline run's last log lines")
+    assert any(says in m for m in messages), messages
+    assert not [m for m in messages if "Traceback" in m], messages
+
+
+def test_a_rejected_pipeline_fails_by_name_with_the_reason_and_no_traceback(pipeline_stack: Stack) -> None:
+    from prefect.deployments import run_deployment
+
+    # 1e7 iterations cannot be trained by any SLA minutes away: the worker rejects it at once.
+    rejected = run_deployment("pipeline/daily", parameters={"sla": "+10m", "iterations": 10**7}, timeout=0)
+    run = pipeline_stack.wait_final(str(rejected.id), 180)
+    assert run.state.is_failed() and run.state.name == "TrainingRejected", f"{run.state!r}"
+    assert "infeasible_even_on_an_idle_cluster" in run.state.message
+    assert "earliest feasible SLA" in run.state.message
+    _assert_logs_without_traceback(str(rejected.id), "infeasible_even_on_an_idle_cluster")

@@ -15,6 +15,12 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def floor_pow2(n: int) -> int:
+    """The largest power of two not above `n` (1 for anything below 2): buddy
+    placement deals only in such blocks."""
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class ThroughputCurve:
     """Iterations per second of one model at one global batch size, by GPU count.

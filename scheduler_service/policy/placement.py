@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from scheduler_service.policy.jobs import is_power_of_two
+from scheduler_service.policy.jobs import floor_pow2, is_power_of_two
 from scheduler_service.policy.topology import Topology
 
 Block = tuple[int, int]  # (first GPU id, size)
@@ -42,7 +42,7 @@ class BuddyAllocator:
         self._free: dict[int, set[int]] = {}
         # The cluster may not be a power of two (e.g. 48 nodes): cover it with
         # maximal aligned blocks, largest first.
-        start, size = 0, 1 << (num_gpus.bit_length() - 1)
+        start, size = 0, floor_pow2(num_gpus)
         while start < num_gpus:
             while start + size > num_gpus or start % size:
                 size >>= 1

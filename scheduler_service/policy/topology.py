@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler_service.policy.jobs import is_power_of_two
+from scheduler_service.policy.jobs import floor_pow2, is_power_of_two
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class Topology:
     @property
     def max_job_gpus(self) -> int:
         """The largest power-of-two GPU set the cluster can hold."""
-        return 1 << (self.num_gpus.bit_length() - 1)
+        return floor_pow2(self.num_gpus)
 
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node

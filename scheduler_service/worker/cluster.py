@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from scheduler_service.policy.jobs import floor_pow2
 from scheduler_service.policy.topology import Topology
 from scheduler_service.inputfiles import load_cluster
 
@@ -34,10 +35,6 @@ class Cluster:
 
     def nodes_of(self, gpus: list[int] | tuple[int, ...]) -> list[str]:
         return sorted({self.nodes[self.topology.node_of(g)] for g in gpus}, key=self.nodes.index)
-
-
-def _floor_pow2(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
 
 
 def local_cuda_devices() -> int:
@@ -61,6 +58,6 @@ def load(path: str | Path | None = None, cpu_slots: int | None = None) -> Cluste
         return Cluster(topology, device, nodes, str(chosen))
     cuda = local_cuda_devices()
     if cuda:
-        return Cluster(Topology(1, 1, _floor_pow2(cuda)), "cuda", ("localhost",), f"{cuda} local CUDA devices")
+        return Cluster(Topology(1, 1, floor_pow2(cuda)), "cuda", ("localhost",), f"{cuda} local CUDA devices")
     slots = cpu_slots or int(os.environ.get(CPU_SLOTS_ENV) or os.cpu_count() or 1)
-    return Cluster(Topology(1, 1, _floor_pow2(slots)), "cpu", ("localhost",), f"{slots} local CPU worker slots")
+    return Cluster(Topology(1, 1, floor_pow2(slots)), "cpu", ("localhost",), f"{slots} local CPU worker slots")

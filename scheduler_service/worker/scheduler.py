@@ -24,6 +24,7 @@ from enum import Enum
 
 from scheduler_service.contracts import AllocationAction
 from scheduler_service.policy import Decision, JobStatus, SchedulingPolicy, SchedulingRequest
+from scheduler_service.policy.jobs import floor_pow2
 from scheduler_service.worker.run_state import Phase, RunState, plan_deadline_mid_slot
 
 class ActionKind(str, Enum):
@@ -240,7 +241,7 @@ class Scheduler:
         run holds or is placed on and nothing reserved: () if none."""
         busy = self.reserved_gpus() | {g for r in self.runs.values() if r.phase != Phase.FINISHED
                                         for g in (*r.held, *r.target)}
-        size = 1 << (max(1, min(largest, num_gpus)).bit_length() - 1)
+        size = floor_pow2(min(largest, num_gpus))
         while size >= 1:
             for start in range(0, num_gpus - size + 1, size):
                 if not busy & set(range(start, start + size)):

@@ -18,7 +18,7 @@ import glob
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 from pydantic import BaseModel
@@ -105,7 +105,7 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment if moment is None or moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def _read_tables(url: str) -> tuple[list, dict[str, object], dict[str, list]]:
+def _read_tables(url: str) -> tuple[list[Any], dict[str, Any], dict[str, list[Any]]]:
     """Runs (oldest first), each run's latest decision, each run's allocations."""
     from sqlalchemy import MetaData, Table, create_engine, inspect, select
 
@@ -127,46 +127,46 @@ def _read_tables(url: str) -> tuple[list, dict[str, object], dict[str, list]]:
         engine.dispose()
 
 
-def _view(row, decision, allocations: list, control: Path, node_of: list[str]) -> RunView:
+def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_of: list[str]) -> RunView:
+    """One run from its ef_job row, its latest ef_decision, its ef_allocation rows and its control folder."""
     from flows.training.control import FileControlChannel
 
     channel = FileControlChannel(row.flow_run_id, control)
     snap = channel.status()
     gpus = [int(g) for g in (row.gpus or "").split(",") if g]
-    deadline = _aware(row.deadline)
     view = RunView(
         flow_run_id=row.flow_run_id, name=row.flow_run_name or row.flow_run_id[:8], model=row.model,
-        phase="profiling", gpus=gpus, nodes=sorted({node_of[g] for g in gpus if g < len(node_of)}),
+        phase="admitted-waiting", gpus=gpus, nodes=sorted({node_of[g] for g in gpus if g < len(node_of)}),
         iteration=snap.iteration if snap else None,
-        total_iterations=(snap.total_iterations or int(row.iterations)) if snap else int(row.iterations) or None,
-        projected_finish=_aware(snap.projected_finish) if snap else None, deadline=deadline,
-        detail=row.message or "")
-    last = allocations[-1].action if allocations else None
+        total_iterations=(snap.total_iterations if snap else 0) or int(row.iterations) or None,
+        projected_finish=_aware(snap.projected_finish) if snap else None, deadline=_aware(row.deadline))
     if row.status == "rejected":
-        view.phase = "rejected"
+        view.phase, view.detail = "rejected", row.message or ""
         if decision is not None and not decision.admitted:
             view.reason, view.detail = decision.reason, decision.message or view.detail
             view.earliest_feasible_deadline = _aware(decision.earliest_feasible_deadline)
     elif row.status == "finished":
         view.phase, view.projected_finish = "finished", None
         releases = [a.at for a in allocations if a.action == "release"]
-        view.finished_at = _aware(releases[-1]) if releases else _aware(row.updated_at)
+        view.finished_at = _aware(releases[-1] if releases else row.updated_at)
         reached = snap is not None and snap.total_iterations > 0 and snap.iteration >= snap.total_iterations
-        view.outcome = ("stopped" if not reached else "done" if deadline is None
-                        else "met" if view.finished_at <= deadline else "missed")
-        view.detail = "" if reached else f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
+        view.outcome = ("stopped" if not reached else "done" if view.deadline is None
+                        else "met" if view.finished_at <= view.deadline else "missed")
+        if not reached:
+            view.detail = f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
     elif row.status == "arrived" and decision is None:
-        view.detail = "profiling its speed, or waiting for its admission decision"
+        view.phase, view.detail = "profiling", "profiling its speed, or waiting for its admission decision"
     elif row.status == "running" and gpus:
         command, ack = channel.latest(), channel.acknowledged()
-        pending = command is not None and command.seq > (ack.seq if ack else 0)
+        pending = command if command is not None and command.seq > (ack.seq if ack else 0) else None
         view.phase = "rescaling" if pending else "running"
-        view.detail = ("" if not pending else f"moving to GPUs {_gpus(command.gpus or [])}" if command.gpus
-                       else "being parked")
+        if pending is not None:
+            view.detail = ("stopping: checkpointing, then it ends" if pending.action == "stop"
+                           else f"moving to GPUs {_gpus(pending.gpus)}" if pending.gpus else "being parked")
+    elif allocations and allocations[-1].action in ("park", "released"):
+        view.detail = "parked: its GPUs went to runs closer to their deadlines"
     else:
-        view.phase = "admitted-waiting"
-        view.detail = ("parked: its GPUs went to runs closer to their deadlines" if last in ("park", "released")
-                       else f"admitted, waiting for GPUs ({view.detail})" if view.detail else "admitted, waiting for GPUs")
+        view.detail = "waiting for GPUs" + (f"; {row.message}" if row.message else "")
     return view
 
 
@@ -181,7 +181,9 @@ def report(home: Path | None = None) -> StatusReport:
                    home / "control", node_of) for row in runs]
     views.sort(key=lambda v: PHASE_ORDER.index(v.phase))  # stable: oldest first within a phase
     holders = {g: v.name for v in views if v.phase in ("running", "rescaling") for g in v.gpus}
-    shown = url.split("@")[-1] if "@" in url else url  # never print a password
+    from sqlalchemy.engine import make_url
+
+    shown = make_url(url).render_as_string(hide_password=True)
     return StatusReport(at=datetime.now(timezone.utc), store=shown, cluster=description,
                         gpus=[GpuSlot(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
                         runs=views)
@@ -204,7 +206,7 @@ def _progress(view: RunView) -> str:
     return f"{view.iteration}/{view.total_iterations}"
 
 
-def _result(view: RunView, now: datetime) -> str:
+def _result(view: RunView) -> str:
     """What came of it (finished), or the latest projection against the deadline."""
     if view.outcome:
         if view.outcome in ("met", "missed") and view.finished_at and view.deadline:
@@ -256,11 +258,11 @@ def _gpu_map(slots: list[GpuSlot]) -> list[str]:
     return lines
 
 
-def render(data: StatusReport, console) -> None:
+def render(data: StatusReport, console: Any) -> None:
     """A table on a wide terminal; one block per run at 80 columns or in a pipe."""
     now = data.at
     counts = {p: sum(v.phase == p for v in data.runs) for p in PHASE_ORDER}
-    console.print(f"cluster: {data.cluster}; store: {data.store}")
+    console.print(f"cluster: {data.cluster}; store: {data.store}", markup=False, highlight=False)
     for line in _gpu_map(data.gpus):
         console.print(line, markup=False, highlight=False)
     zone = datetime.now().astimezone().tzname()
@@ -268,18 +270,21 @@ def render(data: StatusReport, console) -> None:
                   + f" (times {zone})")
     if console.width >= WIDE:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(box=None, pad_edge=False)
         for column in ("run", "model", "phase", "GPUs", "nodes", "progress", "finish", "deadline", "outcome", "why"):
             table.add_column(column, overflow="fold")
         for v in data.runs:
-            table.add_row(v.name, v.model, v.phase, _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
-                          _when(v.finished_at or v.projected_finish, now), _when(v.deadline, now),
-                          _result(v, now), _why(v, now))
+            cells = (v.name, v.model, v.phase, _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
+                     _when(v.finished_at or v.projected_finish, now), _when(v.deadline, now),
+                     _result(v), _why(v, now))
+            table.add_row(*(Text(cell) for cell in cells))  # a run's name is no markup
         console.print(table)
         return
     for v in data.runs:
-        head = f"{v.name} [{v.model}] {v.phase}" + (f": {_result(v, now)}" if _result(v, now) else "")
+        result = _result(v)
+        head = f"{v.name} [{v.model}] {v.phase}" + (f": {result}" if result else "")
         where = (f"GPUs {_gpus(v.gpus)} on {','.join(v.nodes)}" if v.gpus
                  else "" if v.phase in ("finished", "rejected") else "no GPUs")
         when = (f"finished {_when(v.finished_at, now)}" if v.finished_at

@@ -40,7 +40,7 @@ class Stack:
     home: Path
     worker: subprocess.Popen[bytes]
     worker_log: Path
-    killed_groups: list[int] = field(default_factory=list)  # of killed workers: their flow runs may live on
+    killed_groups: list[Any] = field(default_factory=list)  # of killed workers (groups.Group): what may live on
 
     def start_worker(self, log: Path) -> None:
         self.worker = subprocess.Popen(
@@ -55,7 +55,9 @@ class Stack:
 
     def kill_worker(self) -> None:
         """SIGKILL the worker process alone, as a crash would; its flow runs go on."""
-        self.killed_groups.append(self.worker.pid)
+        from scheduler_service.stack.groups import Group, start_time
+
+        self.killed_groups.append(Group(self.worker.pid, start_time(self.worker.pid) or 0, "killed worker"))
         self.worker.kill()
         self.worker.wait(timeout=10)
 
@@ -119,7 +121,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _kill_processes_of(home: Path) -> None:
-    """SIGKILL what a failed test may leave behind of the stack at `home`."""
+    """SIGKILL what a failed test may leave behind of the stack at `home`: the
+    process groups recorded for it (flow runs, fork servers), never a process
+    chosen by its environment."""
     from scheduler_service.stack.local import stop_processes_of
 
     stop_processes_of(home, grace_s=0.0)
@@ -270,11 +274,8 @@ def stack_on(api_url: str, base: Path) -> Iterator[Stack]:
             yield stack
         finally:
             _stop(stack.worker)
-            for group in stack.killed_groups:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            for group in stack.killed_groups:  # only while it is still that group: PIDs are reused
+                group.signal(signal.SIGKILL)
             _kill_processes_of(stack.home)
 
 

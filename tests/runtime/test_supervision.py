@@ -73,6 +73,10 @@ def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_s
             for pid in ranks:
                 seen = environ(pid)
                 assert not {"PGPASSWORD", "ELASTICFLOW_DATABASE_URL"} & set(seen), (pid, sorted(seen))
+            from scheduler_service.stack.groups import groups_of
+
+            (forkserver,) = [g.pgid for g in groups_of(home) if g.what == "fork server"]
+            assert not {"PGPASSWORD", "ELASTICFLOW_DATABASE_URL"} & set(environ(forkserver))  # what its forks start from
             sockets = listening(ranks)
             assert sockets and all(s.startswith("127.0.0.1:") for s in sockets), sockets
 

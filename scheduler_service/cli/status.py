@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,9 +78,16 @@ def _database_url(home: Path) -> str:
     return os.environ.get("ELASTICFLOW_DATABASE_URL") or f"sqlite:///{home / 'elasticflow.db'}"
 
 
-def _cluster() -> tuple[str, list[str]]:
-    """The cluster's description and each GPU's node, chosen as
-    scheduler_service.worker.cluster.load chooses it (cluster file, else this machine)."""
+def _cluster(home: Path) -> tuple[str, list[str]]:
+    """The cluster's description and each GPU's node: as the worker published
+    it (`cluster.json` in the home: {"description": str, "gpu_nodes": [node of
+    GPU 0, ...]}, if it does), else chosen as scheduler_service.worker.cluster.load
+    chooses it (cluster file, else this machine)."""
+    try:
+        published = json.loads((home / "cluster.json").read_text())
+        return str(published["description"]), [str(n) for n in published["gpu_nodes"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     chosen = os.environ.get("ELASTICFLOW_CLUSTER")
     default = Path(__file__).resolve().parents[2] / "infra" / "cluster.csv"
     if chosen or default.exists():
@@ -155,7 +163,10 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
         if not reached:
             view.detail = f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
     elif row.status == "arrived" and decision is None:
-        view.phase, view.detail = "profiling", "profiling its speed, or waiting for its admission decision"
+        # Which of the two, only the worker knows; it may say so in a `phase` column.
+        view.phase, view.detail = "profiling", {
+            "profiling": "profiling its speed", "deciding": "waiting for its admission decision",
+        }.get(getattr(row, "phase", None) or "", "profiling its speed, or waiting for its admission decision")
     elif row.status == "running" and gpus:
         command, ack = channel.latest(), channel.acknowledged()
         pending = command if command is not None and command.seq > (ack.seq if ack else 0) else None
@@ -174,7 +185,7 @@ def report(home: Path | None = None) -> StatusReport:
     """Everything `status` prints, read from the store and the control folders."""
     home = home or _home()
     url = _database_url(home)
-    description, node_of = _cluster()
+    description, node_of = _cluster(home)
     missing = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists()
     runs, decisions, allocations = ([], {}, {}) if missing else _read_tables(url)
     views = [_view(row, decisions.get(row.flow_run_id), allocations.get(row.flow_run_id, []),

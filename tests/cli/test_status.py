@@ -140,3 +140,10 @@ def test_status_imports_neither_prefect_nor_the_worker_nor_the_policy() -> None:
     loaded = set(json.loads(out.stdout))
     assert not {m for m in loaded if m.split(".")[0] == "prefect" or
                 m.startswith(("scheduler_service.worker", "scheduler_service.policy", "numpy", "torch"))}
+
+
+def test_a_cluster_the_worker_published_is_the_map(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text(json.dumps({"description": "2 nodes x 2 GPUs",
+                                                       "gpu_nodes": ["a", "a", "b", "b"]}))
+    data = report(tmp_path)
+    assert data.cluster == "2 nodes x 2 GPUs" and [s.node for s in data.gpus] == ["a", "a", "b", "b"]

@@ -301,7 +301,8 @@ def render(data: StatusReport, console: Any) -> None:
         when = (f"finished {_when(v.finished_at, now)}" if v.finished_at
                 else f"projected {_when(v.projected_finish, now)}" if v.projected_finish else "")
         due = f"deadline {_when(v.deadline, now)}" if v.deadline else "best-effort"
-        for line in (head, "  " + "  ".join(x for x in (where, f"it {_progress(v)}", when, due) if x),
+        progress = "" if v.phase == "rejected" else f"it {_progress(v)}"
+        for line in (head, "  " + "  ".join(x for x in (where, progress, when, due) if x),
                      f"  {_why(v, now)}" if _why(v, now) else ""):
             if line:
                 console.print(line, markup=False, highlight=False)

@@ -158,7 +158,8 @@ class Demo:
                 " -> ".join(sets) or "-", f"{end:%H:%M:%S}" if end else state,
                 f"{run.deadline:%H:%M:%S}" if run.deadline else "-", met,
             )
-        self.console.print(table)
+        # Piped, rich would draw it 80 columns wide and cut every cell; a log has no width.
+        self.console.print(table, width=None if self.console.is_terminal else 160)
         if late:
             self.say(
                 "an admitted run missed its deadline. The guarantee rests on the profile: on a machine "

@@ -1,6 +1,7 @@
 """The local stack as one context manager: a Prefect server on 127.0.0.1 with
-SQLite under the home folder, the `gpus` work pool, the deployments, and the
-ElasticFlow worker, each a child process with its log under `<home>/logs`.
+SQLite under the home folder (or the PostgreSQL database it is given), the
+`gpus` work pool, the deployments, and the ElasticFlow worker, each a child
+process with its log under `<home>/logs`.
 
 `elasticflow up` holds it open in the foreground and restarts the server or
 the worker when one exits (`supervisor.py`); `elasticflow demo` drives it.

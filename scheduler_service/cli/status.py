@@ -17,6 +17,7 @@ import csv
 import glob
 import json
 import os
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -315,7 +316,13 @@ def status(
 ) -> None:
     """Every run's phase, GPUs, progress, projected finish, deadline, outcome and
     the reason for a rejection or a wait, and the GPU map (reads the store; no API calls)."""
-    data = report(home.expanduser().resolve() if home else None)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        data = report(home.expanduser().resolve() if home else None)
+    except (SQLAlchemyError, OSError, ValueError) as exc:  # a store or cluster file it cannot read
+        print(f"error: cannot read the service's state: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
     if as_json:
         print(data.model_dump_json(indent=2))
         return

@@ -37,8 +37,10 @@ class WorkerSettings(BaseSettings):
     database_url: str | None = _setting(
         None, "the service's store (any SQLAlchemy URL, e.g. `postgresql+psycopg://...`)",
         "SQLite under `ELASTICFLOW_HOME`")
-    policy: str = _setting("elasticflow", "scheduling policy, by its registered name (`elasticflow simulate --help` "
-                           "lists them)", "`elasticflow`")
+    policy: str = _setting(
+        "elasticflow-overload", "scheduling policy, by its registered name: `elasticflow` is the paper's; the "
+        "default also prices how committed a run's window is, and stays within 0.01 of it when the cluster is "
+        "not overloaded (docs/scheduling.md)", "`elasticflow-overload`")
     interval_s: float = _setting(5.0, "slot length: the policy re-plans once per slot, and when runs arrive", "5",
                                  gt=0)
     poll_s: float = _setting(1.0, "how often the worker looks for new runs and acts on plans (at most a slot)", "1",

@@ -27,7 +27,7 @@ def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ELASTICFLOW_WARM_START", "0")
     settings = load_settings()
     assert settings.interval_s == 2.0 and settings.effective_poll_s == 2.0  # at most a slot
-    assert settings.warm_start is False and settings.launch_s is None and settings.policy == "elasticflow"
+    assert settings.warm_start is False and settings.launch_s is None and settings.policy == "elasticflow-overload"
 
 
 @pytest.mark.parametrize(("name", "value", "says"), [

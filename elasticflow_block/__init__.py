@@ -27,6 +27,7 @@ _LAZY = {
     "TrainingError": "elasticflow_block.pipeline",
     "TrainingFailed": "elasticflow_block.pipeline",
     "TrainingRejected": "elasticflow_block.pipeline",
+    "refusal_state": "elasticflow_block.pipeline",
     "train_model": "elasticflow_block.pipeline",
 }
 
@@ -44,6 +45,7 @@ __all__ = [
     "TrainingFailed",
     "TrainingRejected",
     "derive_deadline",
+    "refusal_state",
     "resolve_sla",
     "train_model",
 ]

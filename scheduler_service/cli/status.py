@@ -27,9 +27,9 @@ from pydantic import BaseModel
 
 from scheduler_service.cli import app
 
-Phase = Literal["profiling", "admitted-waiting", "running", "rescaling", "finished", "rejected"]
+Phase = Literal["profiling", "deciding", "admitted-waiting", "running", "rescaling", "finished", "rejected"]
 Outcome = Literal["met", "missed", "stopped", "done"]
-PHASE_ORDER = ("running", "rescaling", "admitted-waiting", "profiling", "rejected", "finished")
+PHASE_ORDER = ("running", "rescaling", "admitted-waiting", "profiling", "deciding", "rejected", "finished")
 WIDE = 120  # columns from which one table fits; below, one block per run
 
 
@@ -165,9 +165,10 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
             view.detail = f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
     elif row.status == "arrived" and decision is None:
         # Which of the two, only the worker knows; it may say so in a `phase` column.
-        view.phase, view.detail = "profiling", {
-            "profiling": "profiling its speed", "deciding": "waiting for its admission decision",
-        }.get(getattr(row, "phase", None) or "", "profiling its speed, or waiting for its admission decision")
+        # The worker says "profiling ..." in the message while it measures the model; else it is deciding.
+        profiling = (row.message or "").startswith("profiling")
+        view.phase = "profiling" if profiling else "deciding"
+        view.detail = "profiling its speed" if profiling else "waiting for its admission decision"
     elif row.status == "running" and gpus:
         command, ack = channel.latest(), channel.acknowledged()
         pending = command if command is not None and command.seq > (ack.seq if ack else 0) else None
@@ -178,7 +179,7 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
     elif allocations and allocations[-1].action in ("park", "released"):
         view.detail = "parked: its GPUs went to runs closer to their deadlines"
     else:
-        view.detail = "waiting for GPUs" + (f"; {row.message}" if row.message else "")
+        view.detail = row.message if (row.message or "").startswith("waiting") else "waiting for GPUs"
     return view
 
 

@@ -44,6 +44,7 @@ class DemoRun:
     deadline: datetime | None
     seen_states: list[str] = field(default_factory=list)
     seen_allocations: int = 0
+    submitted: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
 @dataclass
@@ -132,9 +133,9 @@ class Demo:
 
         store = ServiceStore()
         table = Table(title="outcomes")
-        for column in ("run", "decision", "MSS", "GPU sets", "finished", "deadline", "met"):
+        for column in ("run", "decision", "MSS", "GPU sets", "finished", "deadline", "met", "margin"):
             table.add_column(column)
-        ok, late = True, False
+        ok, late, margins = True, False, []
         for run in self.runs:
             flow_run = self.final(run)
             decisions = store.decisions(run.flow_run_id)
@@ -152,14 +153,24 @@ class Demo:
             else:
                 met = "yes"
             reason = decision.reason if decision and decision.reason else ""
+            margin = ""
+            if admitted and run.deadline is not None and end is not None and state == "Completed":
+                # deadline minus finish, over the run's window: how much room it had left
+                share = (run.deadline - end) / (run.deadline - run.submitted)
+                margins.append(share)
+                margin = f"{share:.0%}"
             table.add_row(
                 f"demo-{run.role}", "admitted" if admitted else f"rejected ({reason})",
                 "" if decision is None or decision.share is None else str(decision.share),
                 " -> ".join(sets) or "-", f"{end:%H:%M:%S}" if end else state,
-                f"{run.deadline:%H:%M:%S}" if run.deadline else "-", met,
+                f"{run.deadline:%H:%M:%S}" if run.deadline else "-", met, margin,
             )
         # Piped, rich would draw it 80 columns wide and cut every cell; a log has no width.
         self.console.print(table, width=None if self.console.is_terminal else 160)
+        log = self.home / "logs" / "worker.log"
+        alerts = log.read_text(errors="replace").count("deadline at-risk:") if log.exists() else 0
+        self.say(f"smallest margin of an admitted run: {min(margins):.1%} of its window; at-risk alerts: {alerts}"
+                 if margins else f"no admitted run finished; at-risk alerts: {alerts}")
         if late:
             self.say(
                 "an admitted run missed its deadline. The guarantee rests on the profile: on a machine "

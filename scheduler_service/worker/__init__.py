@@ -1,7 +1,27 @@
-"""The `elasticflow` Prefect worker type (registered through the
-`prefect.collections` entry point: importing this package registers it)."""
+"""The `elasticflow` Prefect worker type. Prefect registers it by importing
+`scheduler_service.worker.worker` (the `prefect.collections` entry point).
 
-from scheduler_service.worker.configuration import ElasticFlowJobConfiguration, ElasticFlowVariables
-from scheduler_service.worker.worker import ElasticFlowWorker
+Lazy: the service's store, settings or contracts are imported without the
+worker (and Prefect's worker machinery) coming with them, as `elasticflow
+status` does.
+"""
 
-__all__ = ["ElasticFlowJobConfiguration", "ElasticFlowVariables", "ElasticFlowWorker"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ElasticFlowJobConfiguration": "scheduler_service.worker.configuration",
+    "ElasticFlowVariables": "scheduler_service.worker.configuration",
+    "ElasticFlowWorker": "scheduler_service.worker.worker",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)

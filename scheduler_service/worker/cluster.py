@@ -33,6 +33,19 @@ class Cluster:
     nodes: tuple[str, ...]  # node names, index = Topology.node_of(gpu)
     source: str
 
+    def publish(self, home: Path) -> None:
+        """`cluster.json` in the home, for readers that must not guess the
+        cluster from their own environment (`elasticflow status`)."""
+        import json
+
+        per_node = self.topology.gpus_per_node
+        gpu_nodes = [self.nodes[g // per_node] for g in range(self.topology.num_gpus)]
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = home / ".cluster.json.tmp"
+        tmp.write_text(json.dumps({"description": self.topology.describe(), "source": self.source,
+                                   "gpu_nodes": gpu_nodes}))
+        tmp.replace(home / "cluster.json")
+
     def nodes_of(self, gpus: list[int] | tuple[int, ...]) -> list[str]:
         return sorted({self.nodes[self.topology.node_of(g)] for g in gpus}, key=self.nodes.index)
 

@@ -167,8 +167,9 @@ async def apply(worker: ElasticFlowWorker, action: Action, now: float) -> bool:
     if run is None:
         return False
     if action.kind is ActionKind.AWAIT:
-        if run.response is not None:
+        if run.response is not None and run.shown_state != StateName.WAITING.value:
             why = "waiting for its GPUs to be released" if action.gpus else "waiting for spare GPUs"
+            worker.store.upsert_job(run.run_id, message=why)  # what `elasticflow status` says of it
             await worker.publisher.waiting_state(run, StateName.WAITING, now, why)
         return False
     allocation = action.kind.allocation

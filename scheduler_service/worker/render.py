@@ -151,6 +151,16 @@ def _duration(delta: timedelta) -> str:
     return ("-" if delta.total_seconds() < 0 else "") + text
 
 
+def _brief(delta: timedelta) -> str:
+    """A duration to a table's width: `30s`, `10m`, `1h05m`, `3d0h`."""
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return _duration(timedelta(seconds=seconds))
+
+
 def _when(moment: datetime | None, at: datetime) -> str:
     """A time as HH:MM:SS UTC with how far from `at`; the date only when it differs."""
     if moment is None:
@@ -158,7 +168,7 @@ def _when(moment: datetime | None, at: datetime) -> str:
     moment, at = _utc(moment).astimezone(timezone.utc), _utc(at).astimezone(timezone.utc)
     clock = moment.strftime("%H:%M:%S") if moment.date() == at.date() else moment.strftime("%Y-%m-%d %H:%M:%S")
     delta = moment - at
-    relative = f"in {_duration(delta)}" if delta.total_seconds() >= 0 else f"{_duration(-delta)} ago"
+    relative = f"in {_brief(delta)}" if delta.total_seconds() >= 0 else f"{_brief(-delta)} ago"
     return f"{clock} ({relative})"
 
 
@@ -166,7 +176,7 @@ def _progress(job: JobView) -> str:
     if job.iterations_total <= 0:
         return "-"
     percent = max(0.0, min(100.0, 100.0 * job.iterations_done / job.iterations_total))
-    return f"{percent:.0f}% ({job.iterations_done:.0f}/{job.iterations_total:.0f})"
+    return f"{percent:.0f}%"
 
 
 def _order(job: JobView) -> tuple[int, datetime, str]:
@@ -210,21 +220,22 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     """The jobs table, earliest deadline first, best-effort jobs last."""
     if not snapshot.jobs:
         return "_No jobs._"
-    # The outlook comes second, and the model shares the job's cell: the
-    # Prefect UI shows tables in a column about 1000 pixels wide at 1280.
+    # Narrow enough for the Prefect UI's artifact column (about 700 pixels in
+    # a 1280-pixel window): the outlook second, the model beside the status,
+    # the run's id and iteration counts left to its own page.
     header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs", "status"]
     rows = []
     for job in sorted(snapshot.jobs, key=_order):
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
         cells = [
-            f"{_cell(job.name)} `{job.flow_run_id[:8]}` {_cell(job.model)}",
+            _cell(job.name),
             _MARK[outlook(job, snapshot.at, margin)],
             _progress(job),
             _when(job.projected_finish, snapshot.at),
             _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
-            "best-effort" if job.share is None else str(job.share),
+            "-" if job.share is None else str(job.share),
             gpus,
-            _cell(job.status),
+            f"{_cell(job.status)}, {_cell(job.model)}",
         ]
         rows.append(cells)
     return markdown_table(header, rows)

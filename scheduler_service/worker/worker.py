@@ -106,6 +106,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._logger.info("ElasticFlow scheduler: %s (%s), policy %s, slot %.1f s, %s backend",
                           self.cluster.topology.describe(), self.cluster.source, self.settings.policy,
                           self.interval, self.backend.name)
+        self.cluster.publish(self.settings.home)
         await recovery.adopt(self)
         self.backend.open(self.settings.home)
         # The first take-in would otherwise pay for importing the train flow's
@@ -192,8 +193,9 @@ class ElasticFlowWorker(ProcessWorker):
             self._ready(run, points, now)
             return
         self.profiler.wait_for(run)
-        await self.publisher.waiting_state(run, StateName.PROFILING, now,
-                                           "profiling the throughput of this model on first use")
+        why = "profiling the throughput of this model on first use"
+        self.store.upsert_job(run.run_id, message=why)
+        await self.publisher.waiting_state(run, StateName.PROFILING, now, why)
 
     def _ready(self, run: RunState, points: dict[int, float], now: float) -> None:
         margin = SafetyMargin(self.settings.safety_margin, floor_s=self.interval)

@@ -29,7 +29,8 @@ def fill(home: Path, runs: int = 100) -> dict[str, str]:
         store.upsert_job(run_id, flow_run_name=name, model="mlp", iterations=TOTAL, deadline=deadline,
                          submitted_at=now - timedelta(minutes=60 - i * 0.1), status="arrived")
         channel = FileControlChannel(run_id, home / "control")
-        if kind == "profiling":
+        if kind == "profiling":  # as the worker writes it while it measures the model
+            store.upsert_job(run_id, message="profiling the throughput of this model on first use")
             continue
         if kind == "rejected":
             store.add(DecisionRecord(flow_run_id=run_id, admitted=False, reason=REJECTION[0], message=REJECTION[1],

@@ -112,6 +112,7 @@ class Runs:
     admitted: str
     admitted_name: str
     cluster_artifact: str  # id of the keyed cluster-view artifact
+    resized: str  # a run that shrank in place for an urgent one
 
 
 def _cluster_artifact(stack: Stack, run: Any) -> str:
@@ -146,8 +147,16 @@ def runs(ui_stack: UiStack) -> Runs:
     assert admitted_run.state.is_completed(), admitted_run.state
     # the worker records the release when it sees the flow process exit, just after Completed
     stack.wait_until(lambda: "| release |" in stack.allocation_artifact(admitted), 30, "the release in the history")
-    return Runs(rejected, rejected_run.state.message, admitted, admitted_run.name,
-                _cluster_artifact(stack, stack.flow_run(admitted)))
+    cluster_artifact = _cluster_artifact(stack, stack.flow_run(admitted))
+    # A long run alone on both slots, then one that must start now: the first shrinks in place.
+    resized = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=500)
+    status = stack.home / "control" / resized / "status.json"
+    stack.wait_until(lambda: status.exists(), 150, "the long run to train")
+    urgent = stack.submit(iterations=20 * 34, deadline="+40s", checkpoint_interval=500)
+    stack.wait_until(lambda: "| rescale |" in stack.allocation_artifact(resized), 90, "the long run to shrink")
+    for run_id in (urgent, resized):
+        assert stack.wait_final(run_id, 240).state.is_completed()
+    return Runs(rejected, rejected_run.state.message, admitted, admitted_run.name, cluster_artifact, resized)
 
 
 def open_tab(page: Any, name: str) -> None:
@@ -184,6 +193,43 @@ def test_an_admitted_run_shows_its_allocation_history_artifact(runs: Runs, ui_st
     for action in ("admitted", "launch", "release"):
         expect_cell(page, action)
     page.screenshot(path=str(ui_stack.shots / "ui-admitted-artifact.png"))
+
+
+def test_a_runs_own_page_says_where_it_runs_and_how_it_stands_without_a_click(
+        runs: Runs, ui_stack: UiStack, page: Any) -> None:
+    """The run page opens on its logs: the service's lines there are the
+    story (decision, GPUs and nodes, projected finish against the deadline,
+    the outlook, a resize, the outcome) for an admitted, a resized and a
+    rejected run, read at 1280 pixels without clicking anything."""
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{ui_stack.ui_url}/runs/flow-run/{runs.admitted}")
+    wait_text(page, "ElasticFlow: admitted with a minimum satisfactory share")
+    wait_text(page, "ElasticFlow: launched on 2 GPUs 0,1 (localhost); projected finish")
+    wait_text(page, ": on track (")
+    wait_text(page, "deadline met (")
+    page.screenshot(path=str(ui_stack.shots / "ui-run-page-admitted.png"))
+    page.goto(f"{ui_stack.ui_url}/runs/flow-run/{runs.resized}")
+    wait_text(page, "ElasticFlow: resized: now on 1 GPU")
+    page.get_by_text("ElasticFlow: resized: now on 1 GPU").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ui_stack.shots / "ui-run-page-resized.png"))
+    page.goto(f"{ui_stack.ui_url}/runs/flow-run/{runs.rejected}")
+    wait_text(page, "Rejected")
+    wait_text(page, "ElasticFlow rejected this run: infeasible_even_on_an_idle_cluster")
+    wait_text(page, "usable GPU counts at global batch")
+    page.screenshot(path=str(ui_stack.shots / "ui-run-page-rejected.png"))
+
+
+def test_the_cluster_view_fits_a_1280_pixel_window(runs: Runs, ui_stack: UiStack, page: Any) -> None:
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{ui_stack.ui_url}/artifacts/artifact/{runs.cluster_artifact}")
+    wait_text(page, "GPUs busy")
+    table = page.locator("table").last
+    table.wait_for(state="visible", timeout=15_000)
+    overflow = page.evaluate("() => [...document.querySelectorAll('*')].filter(e => "
+                             "e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible')"
+                             ".map(e => e.tagName + ':' + e.scrollWidth + '>' + e.clientWidth)")
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 1280
+    assert not [o for o in overflow if not o.startswith(("HTML", "BODY"))], overflow
 
 
 def expect_cell(page: Any, text: str) -> None:

@@ -92,6 +92,7 @@ _MARK = {
     Outlook.BEST_EFFORT: "best-effort",
 }
 _FINISHED = {"finished", "completed"}
+_PLAIN = {"running", "finished", "completed", "stopped"}  # phases the outlook already says
 
 
 def _utc(moment: datetime) -> datetime:
@@ -221,21 +222,20 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     if not snapshot.jobs:
         return "_No jobs._"
     # Narrow enough for the Prefect UI's artifact column (about 700 pixels in
-    # a 1280-pixel window): the outlook second, the model beside the status,
-    # the run's id and iteration counts left to its own page.
-    header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs", "status"]
+    # a 1280-pixel window): the outlook second, with the run's phase when it
+    # is not simply running; its id, model and iteration counts are on its own page.
+    header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs"]
     rows = []
     for job in sorted(snapshot.jobs, key=_order):
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
         cells = [
             _cell(job.name),
-            _MARK[outlook(job, snapshot.at, margin)],
+            _MARK[outlook(job, snapshot.at, margin)] + ("" if job.status in _PLAIN else f" · {_cell(job.status)}"),
             _progress(job),
             _when(job.projected_finish, snapshot.at),
             _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
             "-" if job.share is None else str(job.share),
             gpus,
-            f"{_cell(job.status)}, {_cell(job.model)}",
         ]
         rows.append(cells)
     return markdown_table(header, rows)

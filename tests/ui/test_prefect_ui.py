@@ -227,7 +227,10 @@ def test_the_cluster_view_fits_a_1280_pixel_window(runs: Runs, ui_stack: UiStack
     table.wait_for(state="visible", timeout=15_000)
     overflow = page.evaluate("() => [...document.querySelectorAll('*')].filter(e => "
                              "e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible')"
-                             ".map(e => e.tagName + ':' + e.scrollWidth + '>' + e.clientWidth)")
+                             ".map(e => e.tagName + ':' + e.scrollWidth + '>' + e.clientWidth + ' ' + e.className + ' ' + "
+                             "(e.firstElementChild ? e.firstElementChild.tagName : '') + ' ' + "
+                             "e.innerText.slice(0, 60).replaceAll('\\n', ' / '))")
+    page.screenshot(path=str(ui_stack.shots / "ui-cluster-1280.png"), full_page=True)
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 1280
     assert not [o for o in overflow if not o.startswith(("HTML", "BODY"))], overflow
 

@@ -213,7 +213,6 @@ def run_burst(database: str, runs: int, base: Path, url: str | None = None, time
     with local_stack(home, free_port(), env=SETTINGS, models=("mlp",), schedules=False, database=url) as stack, \
             temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect",
                                         PREFECT_CLIENT_MAX_RETRIES: 0}):
-        save_curve("mlp", 32, MLP_CURVE)
         log = stack.logs / "worker.log"
         end = time.time() + 240
         while "started!" not in log.read_text(errors="replace"):
@@ -222,6 +221,7 @@ def run_burst(database: str, runs: int, base: Path, url: str | None = None, time
             for line in stack.supervise():  # an exit, and why: the end of its log
                 print(line, "\n  " + "\n  ".join(log.read_text(errors="replace").splitlines()[-5:]), file=sys.stderr)
             time.sleep(0.5)
+        save_curve("mlp", 32, MLP_CURVE)  # once the worker made the store: two first uses race on its tables
         deadline = datetime.now(timezone.utc) + timedelta(seconds=120)
         parameters = {"iterations": 20 * 90, "deadline": deadline.isoformat(), "checkpoint_interval": 2000,
                       "hyperparameters": {"global_batch_size": 32}, "device": "cpu"}

@@ -59,9 +59,9 @@ def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_s
     try:
         with local_stack(home, port, env=settings, models=("mlp",), schedules=False) as stack, \
                 temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
-            save_curve("mlp", 32, MLP_CURVE)
             worker_log = stack.logs / "worker.log"
             wait_until(lambda: "started!" in worker_log.read_text(errors="replace"), 180, "the worker to start")
+            save_curve("mlp", 32, MLP_CURVE)  # once the worker made the store: two first uses race on its tables
             deadline = datetime.now(timezone.utc) + timedelta(minutes=10)
             run = run_deployment("train/mlp", timeout=0, parameters={
                 "iterations": 3000, "deadline": deadline.isoformat(), "checkpoint_interval": 100,

@@ -24,10 +24,10 @@ _LAZY = {
     "derive_deadline": "elasticflow_block.deadline",
     "resolve_sla": "elasticflow_block.deadline",
     "TrainedModel": "elasticflow_block.pipeline",
-    "TrainingError": "elasticflow_block.pipeline",
-    "TrainingFailed": "elasticflow_block.pipeline",
-    "TrainingRejected": "elasticflow_block.pipeline",
-    "refusal_state": "elasticflow_block.pipeline",
+    "TrainingError": "elasticflow_block.errors",
+    "TrainingFailed": "elasticflow_block.errors",
+    "TrainingRejected": "elasticflow_block.errors",
+    "refusal_state": "elasticflow_block.errors",
     "train_model": "elasticflow_block.pipeline",
 }
 

@@ -28,123 +28,29 @@ waiting (cancelled, crashed, timed out) cancels the training run it submitted.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import FailedRun, MissingContextError
+from prefect.exceptions import MissingContextError
 from pydantic import BaseModel, ConfigDict, Field
 
 from elasticflow_block.deadline import (
     DeadlinePlan,
     DownstreamStep,
     HistoryPolicy,
-    SLATooClose,
     derive_deadline,
     given_steps,
     resolve_sla,
-    step_from_history,
 )
 from elasticflow_block.hyperparameters import Hyperparameters
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
+from elasticflow_block.errors import TrainingFailed, TrainingRejected, refusal_state  # noqa: F401  (the pipeline task's API)
+from elasticflow_block.prefect_runs import cancel_run, current_flow_name, learn_steps, wait_for_run
 from scheduler_service.contracts import Rejection, StateName
 
-
-
-class TrainingError(RuntimeError):
-    """The training subflow run did not produce a model. Carries the run and its final state."""
-
-    def __init__(self, message: str, flow_run_id: str | None, state_type: str | None, state_name: str | None) -> None:
-        super().__init__(message)
-        self.message, self.flow_run_id, self.state_type, self.state_name = message, flow_run_id, state_type, state_name
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (type(self), (self.message, self.flow_run_id, self.state_type, self.state_name))
-
-
-class TrainingFailed(TrainingError):
-    """Failed, Crashed, cancelled by a person, or completed without a usable checkpoint."""
-
-
-class TrainingRejected(TrainingError):
-    """The scheduler refused the deadline; nothing ran and no GPU was held.
-
-    `reason` is the scheduler's reason code (`infeasible_even_on_an_idle_cluster`,
-    `gpus_reserved_by_admitted_jobs`, `deadline_passed`, `invalid_parameters`, ...),
-    `message` the whole state message, and `earliest_feasible_deadline` the
-    earliest training deadline the scheduler could have met (None when the
-    reason has none, e.g. invalid parameters). `earliest_feasible_sla` adds the
-    time reserved for the downstream steps back: the SLA the pipeline could promise.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        flow_run_id: str | None,
-        reason: str,
-        earliest_feasible_deadline: datetime | None,
-        plan: DeadlinePlan | None = None,
-    ) -> None:
-        super().__init__(f"training rejected ({reason}): {message}", flow_run_id, "CANCELLED", StateName.REJECTED.value)
-        self.message, self.reason, self.earliest_feasible_deadline, self.plan = (
-            message, reason, earliest_feasible_deadline, plan,
-        )
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (type(self), (self.message, self.flow_run_id, self.reason, self.earliest_feasible_deadline, self.plan))
-
-    @property
-    def earliest_feasible_sla(self) -> datetime | None:
-        if self.earliest_feasible_deadline is None or self.plan is None:
-            return None
-        return self.earliest_feasible_deadline + self.plan.reserved
-
-
-_REFUSALS: set[str] = set()  # messages of the Failed states refusal_state() made in this process
-
-
-def refusal_state(refusal: SLATooClose | TrainingRejected) -> Any:
-    """The Failed state for a pipeline flow to return when its training was
-    refused: named after the refusal (`SLATooClose`, `TrainingRejected`), its
-    message the whole reason, with the earliest feasible SLA of a rejection.
-
-    Returned rather than raised, so that the flow engine does not log it as an
-    exception with a traceback; the line Prefect's engine still logs for any
-    failed flow run (the traceback of its own re-raise) is dropped for these
-    states by _RefusalsWithoutTraceback.
-    """
-    from prefect.states import Failed
-
-    message = str(refusal)
-    if isinstance(refusal, TrainingRejected):
-        earliest = refusal.earliest_feasible_sla
-        message += f"; earliest feasible SLA {earliest.isoformat() if earliest else 'unknown'}"
-    _REFUSALS.add(message)
-    return Failed(name=type(refusal).__name__, message=message)
-
-
-class _RefusalsWithoutTraceback(logging.Filter):
-    """A refused SLA is an answer, not a bug: its message says everything, and
-    a traceback in the run's logs reads like a crash. Prefect logs one for the
-    task that raised the refusal (the line stays, without its traceback), and
-    one for a flow run that returned refusal_state() ("Engine execution exited
-    with unexpected exception" around its own FailedRun: the line goes, as the
-    "Finished in state" line before it says the same)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, (SLATooClose, TrainingRejected)):
-            record.exc_info, record.exc_text = None, None
-        elif isinstance(error, FailedRun) and str(error) in _REFUSALS:
-            return False
-        return True
-
-
-for _name in ("prefect.task_runs", "prefect.flow_runs"):
-    logging.getLogger(_name).addFilter(_RefusalsWithoutTraceback())
 
 
 class TrainedModel(BaseModel):
@@ -221,123 +127,11 @@ def _split_downstream(
     return {}, list(downstream)
 
 
-def task_durations(name: str, flow_name: str | None, limit: int) -> list[float]:
-    """Wall-clock seconds of the newest completed runs of task `name` (newest first), from the Prefect API.
-
-    Task runs are named `<task name>-<suffix>` unless named explicitly, so the
-    name is matched on that prefix; `flow_name` keeps one pipeline's
-    `evaluate` apart from another's.
-    """
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        TaskRunFilter,
-        TaskRunFilterName,
-        TaskRunFilterState,
-        TaskRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import TaskRunSort
-
-    task_filter = TaskRunFilter(
-        name=TaskRunFilterName(like_=name),
-        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.COMPLETED])),
-    )
-    flow_filter = FlowFilter(name=FlowFilterName(any_=[flow_name])) if flow_name else None
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            task_run_filter=task_filter, flow_filter=flow_filter, sort=TaskRunSort.END_TIME_DESC, limit=limit * 4
-        )
-    durations: list[float] = []
-    for run in runs:
-        if run.name != name and run.name.rsplit("-", 1)[0] != name:
-            continue  # `like_` is a substring match: `evaluate` also finds `pre-evaluate-1`
-        if run.start_time is not None and run.end_time is not None:
-            durations.append((run.end_time - run.start_time).total_seconds())
-        elif run.total_run_time:
-            durations.append(run.total_run_time.total_seconds())
-        if len(durations) >= limit:
-            break
-    return durations
-
-
-def learn_steps(names: Sequence[str], policy: HistoryPolicy, flow_name: str | None) -> list[DownstreamStep]:
-    """Expected times of downstream steps from their past runs in Prefect (fallback where there are none)."""
-    return [step_from_history(name, task_durations(name, flow_name, policy.last_n), policy) for name in names]
-
-
-def wait_for_run(
-    run_id: str, poll_interval_s: float, timeout_s: float | None, logger: logging.Logger | logging.LoggerAdapter[Any],
-    outage_s: float = 300.0,
-) -> Any:
-    """Poll the run until it ends or `timeout_s` passes; the last read run either way.
-
-    A lost connection to the API is waited out for up to `outage_s`: the
-    training run does not depend on this process, so a short outage must not
-    fail a pipeline whose model is still training.
-    """
-    from prefect.client.orchestration import get_client
-
-    give_up = None if timeout_s is None else time.monotonic() + timeout_s
-    failing_since: float | None = None
-    flow_run: Any = None
-    with get_client(sync_client=True) as client:
-        while True:
-            try:
-                flow_run = client.read_flow_run(run_id)  # type: ignore[arg-type]
-                failing_since = None
-            except Exception as exc:  # httpx errors, 5xx after the client's own retries
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > outage_s:
-                    raise
-                logger.warning("cannot read train flow run %s (%s); retrying", run_id, exc)
-            if flow_run is not None and flow_run.state is not None and flow_run.state.is_final():
-                return flow_run
-            if give_up is not None and time.monotonic() >= give_up:
-                return flow_run
-            time.sleep(poll_interval_s)
-
-
-def cancel_run(run_id: str, why: str, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-    """Ask Prefect to cancel the run unless it already ended; never raises (we are usually unwinding).
-
-    `Cancelling` is what the UI's cancel button sets: a running run is stopped by
-    its worker (the workers checkpoint first) and ends Cancelled; a run still
-    waiting for GPUs or profiling is cancelled at once and gives its place back.
-    """
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
-
-    try:
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(run_id).state  # type: ignore[arg-type]
-            if state is not None and (state.is_final() or state.is_cancelling()):
-                return
-            # Not forced: a run that completes meanwhile stays Completed, and one not
-            # launched yet goes straight to Cancelled (Prefect's own rule).
-            result = client.set_flow_run_state(run_id, Cancelling(message=why))  # type: ignore[arg-type]
-        now = result.state
-        if now is not None and (now.is_cancelling() or now.is_cancelled()):
-            logger.warning("cancelled train flow run %s: %s", run_id, why)
-        else:
-            logger.info("train flow run %s was not cancelled: it is %s", run_id, now.name if now else "gone")
-    except Exception as exc:
-        logger.error("could not cancel train flow run %s (%s); cancel it by hand: %s", run_id, exc, why)
-
-
 def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     try:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger("elasticflow.pipeline")
-
-
-def _current_flow_name() -> str | None:
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    return context.flow.name if context is not None and context.flow is not None else None
 
 
 def _total_reported(flow_run: Any) -> int | None:
@@ -481,7 +275,7 @@ def train_model(
         Hyperparameters.model_validate(request.hyperparameters)  # a typo fails here, not after a queue wait
     steps = [DownstreamStep(name=k, expected=v, source="given") for k, v in request.downstream_given.items()]
     if request.downstream_learned:
-        steps += learn_steps(request.downstream_learned, request.history, _current_flow_name())
+        steps += learn_steps(request.downstream_learned, request.history, current_flow_name())
     for step in steps:
         if step.source == "fallback":
             logger.warning(

@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict
 
 from elasticflow_block.deadline import HistoryPolicy, SLATooClose, resolve_sla
 from elasticflow_block.home import elasticflow_home
-from elasticflow_block.pipeline import TrainedModel, TrainingRejected, refusal_state, train_model
+from elasticflow_block.errors import TrainingRejected, refusal_state
+from elasticflow_block.pipeline import TrainedModel, train_model
 
 DEFAULT_SLA = "06:00Z"  # a time of day: the next 06:00 UTC after the run starts
 DOWNSTREAM = ["evaluate", "register"]  # task names after training, learned from their past runs

@@ -24,6 +24,11 @@ lease renewal likewise runs EDF's first lease when EDF meets every deadline
 no restart) and the program's otherwise (with shortfalls allowed and minimized, so it
 always has an answer). An admitted job whose deadline can no longer be met
 even alone loses its SLO and runs best-effort.
+
+One module, though over 400 lines: the lease buckets, the program built on
+them and the renewal that reads its answer share one model of time (bucket
+bounds, lease length, what "ends by the deadline" means); apart, each would
+have to re-derive the others' conventions.
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ only through prefect_api.py.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import anyio.abc
@@ -48,8 +50,13 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
-DOCS_URL = "https://github.com/elasticflow-prefect/elasticflow/blob/main/docs/service.md"
-LOGO_URL = "https://raw.githubusercontent.com/elasticflow-prefect/elasticflow/main/docs/img/logo.png"
+# The project's own documentation where it is installed, and a logo that
+# needs no server (the UI shows it in the work pool type gallery).
+DOCS_URL = (Path(__file__).resolve().parents[2] / "docs" / "service.md").as_uri()
+LOGO_URL = "data:image/svg+xml;base64," + base64.b64encode(
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64"><rect width="64" height="64" rx="12" '
+    b'fill="#1f6feb"/><path d="M14 46V18h18v6H21v5h10v6H21v5h11v6zm22 0V18h16v6h-9v5h8v6h-8v11z" '
+    b'fill="#fff"/></svg>').decode()
 
 
 class ElasticFlowWorker(ProcessWorker):

@@ -124,11 +124,23 @@ class CheckpointStorage:
     def _tmp(self, path: str) -> str:
         return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
 
+    def _private(self, path: str, mode: int) -> None:
+        """A model's weights are the user's: on a local disk only they may read
+        them, whatever the umask of the process that saved them (a notebook, a
+        pipeline task). Remote stores have their own access control."""
+        protocol = self.fs.protocol
+        if "file" in ((protocol,) if isinstance(protocol, str) else protocol):
+            try:
+                os.chmod(path, mode)
+            except OSError:
+                pass
+
     def save(self, run_key: str, iteration: int, state: dict[str, Any]) -> CheckpointInfo:
         """Write `state` as the checkpoint at `iteration`, then prune old ones."""
         start = time.perf_counter()
         data_path, sum_path = self._paths(run_key, iteration)
         self.fs.makedirs(self._dir(run_key), exist_ok=True)
+        self._private(self._dir(run_key), 0o700)
         tmp = self._tmp(data_path)
         import torch
 
@@ -140,6 +152,8 @@ class CheckpointStorage:
         with self.fs.open(tmp, "wb") as fh:
             fh.write(writer.sha.hexdigest().encode())
         self.fs.mv(tmp, sum_path)
+        for path in (data_path, sum_path):
+            self._private(path, 0o600)
         self.prune(run_key)
         return CheckpointInfo(run_key, iteration, data_path, writer.size, time.perf_counter() - start)
 

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-from scheduler_service.cli import app
+from scheduler_service.cli import app, hints
 
-console = Console()
-errors = Console(stderr=True)
+console = hints.console()
+errors = hints.console(stderr=True)
 
 
 def _home(home: Optional[Path]) -> Path:
@@ -53,9 +52,11 @@ def up(
             console.print(
                 f"work pool 'gpus' (type elasticflow); deployments: {', '.join(stack.deployments)}\n"
                 f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"
-                f"  PREFECT_API_URL={stack.api_url} prefect deployment run train/mlp "
-                "--param iterations=200 --param deadline=+10m\n"
-                f"  PREFECT_API_URL={stack.api_url} prefect deployment run pipeline/daily --param sla=+10m\n"
+                "  " + hints.prefect("deployment", "run", "train/mlp", "--param", "iterations=200", "--param",
+                                     "deadline=+10m", api_url=stack.api_url) + "\n"
+                "  " + hints.prefect("deployment", "run", "pipeline/daily", "--param", "sla=+10m",
+                                     api_url=stack.api_url) + "\n"
+                + hints.daily_schedule(stack.api_url) + "\n"
                 "Ctrl-C stops everything."
             )
             while True:

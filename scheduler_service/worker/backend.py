@@ -96,7 +96,12 @@ class LocalProcesses:
 
     def prepare(self, env: dict[str, str], placement: Placement) -> None:
         from flows.training.boot import FORKSERVER_ENV
+        from flows.training.standby import is_secret
 
+        # Prefect hands the flow process the worker's whole environment: not its
+        # store's credentials (the flow talks to Prefect, whose own settings stay).
+        for name in [n for n in env if is_secret(n) and not n.startswith("PREFECT_")]:
+            del env[name]
         env.update({
             "ELASTICFLOW_GPUS": ",".join(map(str, placement.gpus)),
             "ELASTICFLOW_WORLD_SIZE": str(len(placement.gpus)),

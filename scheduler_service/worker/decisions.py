@@ -23,25 +23,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefect.workers.elasticflow.decisions")  # shown with the worker's own lines
 
-PUBLISH_CONCURRENCY = 8  # Prefect API requests in flight when publishing a burst of decisions
 
 
 async def reject(worker: ElasticFlowWorker, flow_run: Any, rejection: Rejection,
                  decision_s: float | None = None) -> None:
     """The run is not admitted: Rejected, in the store, in its own logs; it is forgotten."""
     run_id, text = str(flow_run.id), rejection.state_message()
-    await worker.publisher.rejected(run_id, rejection)
+    worker.forget(run_id)
     worker.store.upsert_job(run_id, flow_run_name=flow_run.name, status="rejected", message=text)
     worker.store.add(DecisionRecord(
         flow_run_id=run_id, admitted=False, reason=rejection.reason, message=rejection.message,
         earliest_feasible_deadline=rejection.earliest_feasible_deadline,
         decision_ms=None if decision_s is None else decision_s * 1000))
+    await worker.publisher.rejected(run_id, rejection)
     log.info("rejected flow run %s: %s", run_id, text)
     try:  # also in the run's own logs, the tab its page opens on
         worker.get_flow_run_logger(flow_run).warning("ElasticFlow rejected this run: %s", text)
     except Exception:
         pass
-    worker.forget(run_id)
 
 
 def rejection_of(worker: ElasticFlowWorker, decision: Decision, run: RunState, now: float) -> Rejection:
@@ -67,28 +66,29 @@ def rejection_of(worker: ElasticFlowWorker, decision: Decision, run: RunState, n
 
 
 async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> None:
+    """A burst of arrivals is decided in one policy call; telling Prefect is
+    what takes time (a state, labels, an event, an artifact per run), so every
+    decision goes out at once, `ELASTICFLOW_PUBLISH_CONCURRENCY` requests at a
+    time; the store has each decision before Prefect hears of it."""
     if result.decisions:
         worker.decision_seconds.append(result.seconds)
     for run_id, finish in result.projected_finish.items():
         run = worker.runs.get(run_id)
         if run is not None:
             run.projected_finish = finish
-    for decision in result.decisions:
-        if decision.admitted and decision.job_id in worker.runs:
-            await _admitted(worker, worker.runs[decision.job_id], decision, result, now)
-    # A burst of arrivals is decided in one policy call; telling Prefect is
-    # what takes time (a state, an event per run), so rejections go out
-    # together, a few requests at a time.
-    gate = anyio.Semaphore(PUBLISH_CONCURRENCY)
+    gate = anyio.Semaphore(worker.settings.publish_concurrency)
 
     async def one(decision: Decision, run: RunState) -> None:
         async with gate:
-            await reject(worker, run.flow_run, rejection_of(worker, decision, run, now), result.seconds)
+            if decision.admitted:
+                await _admitted(worker, run, decision, result, now)
+            else:
+                await reject(worker, run.flow_run, rejection_of(worker, decision, run, now), result.seconds)
 
     async with anyio.create_task_group() as group:
         for decision in result.decisions:
             run = worker.runs.get(decision.job_id)
-            if not decision.admitted and run is not None:
+            if run is not None:
                 group.start_soon(one, decision, run)
 
 

@@ -57,6 +57,9 @@ class WorkerSettings(BaseSettings):
     launch_s: float | None = _setting(
         None, "launch to first iteration of a new run; the part beyond a restart is kept in front of its deadline",
         "15, raised by starts seen", ge=0)
+    publish_concurrency: int = _setting(
+        16, "Prefect API requests in flight when a burst of decisions is published (more on PostgreSQL)", "16",
+        ge=1, le=256)
     profile_iterations: int = _setting(8, "iterations measured per GPU count when a model is profiled on first use",
                                        "8", ge=3)
     profile_timeout_s: float = _setting(

@@ -106,7 +106,9 @@ class ElasticFlowWorker(ProcessWorker):
 
     async def setup(self) -> None:
         import importlib
+        import os
 
+        os.umask(0o077)  # the store, control channels and logs it creates are the service's alone
         await super().setup()
         self.store = ServiceStore()
         self.publisher = Publisher(self.client, lambda: self._event_related_resources(include_self=True))

@@ -67,3 +67,17 @@ def test_block_wraps_the_same_storage(tmp_path: Path) -> None:
 def test_keep_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         CheckpointStorage(str(tmp_path), keep=0)
+
+
+def test_checkpoints_on_a_local_disk_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    previous = os.umask(0o022)  # a notebook's or a pipeline task's
+    try:
+        CheckpointStorage(str(tmp_path)).save("private-run", 3, {"w": 1})
+    finally:
+        os.umask(previous)
+    folder = tmp_path / "private-run"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}

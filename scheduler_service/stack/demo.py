@@ -156,7 +156,7 @@ class Demo:
             margin = ""
             if admitted and run.deadline is not None and end is not None and state == "Completed":
                 # deadline minus finish, over the run's window: how much room it had left
-                share = (run.deadline - end) / (run.deadline - run.submitted)
+                share = (run.deadline - end).total_seconds() / (run.deadline - run.submitted).total_seconds()
                 margins.append(share)
                 margin = f"{share:.0%}"
             table.add_row(

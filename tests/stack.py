@@ -88,6 +88,22 @@ class Stack:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.log_tail()}") from None
 
+    def wait_idle(self, timeout_s: float = 180.0) -> None:
+        """Until no run holds or awaits GPUs (the store says so): a test whose
+        run must get every slot, and so train at the speed it assumes, starts
+        after the tests before it are done with theirs."""
+        import sqlite3
+
+        def idle() -> bool:
+            try:
+                with sqlite3.connect(self.home / "elasticflow.db") as db:
+                    busy = db.execute("select count(*) from ef_job where status in ('admitted', 'running')")
+                    return busy.fetchone()[0] == 0
+            except sqlite3.Error:
+                return True  # no store yet: nothing has run
+
+        self.wait_until(idle, timeout_s, "the cluster to be idle")
+
     def events(self, run_id: str, prefix: str = "elasticflow.", timeout_s: float = 20.0) -> list[dict[str, Any]]:
         """Events about a run, waiting for the first (the server ingests them asynchronously)."""
         try:

@@ -21,9 +21,10 @@ ROOT = Path(__file__).parents[2]
 class RecordingPublisher(Publisher):
     """Counts what would go to Prefect and which runs were told what; keeps nothing else."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_states: bool = True) -> None:
         super().__init__(client=None, related=list)
         self.calls = 0
+        self.keep_states = keep_states
         self.states: dict[str, str] = {}  # run id -> last state name it would have been given
 
     def event(self, *args: Any, **kwargs: Any) -> None:
@@ -34,11 +35,13 @@ class RecordingPublisher(Publisher):
 
     async def waiting_state(self, run: Any, name: Any, *args: Any) -> None:
         self.calls += 1
-        self.states[run.run_id] = name.value
+        if self.keep_states:
+            self.states[run.run_id] = name.value
 
     async def rejected(self, run_id: str, rejection: Any) -> None:
         self.calls += 1
-        self.states[run_id] = "Rejected"
+        if self.keep_states:
+            self.states[run_id] = "Rejected"
 
     async def history(self, run: Any, *args: Any, **kwargs: Any) -> None:
         run.history.append({"action": str(args[0])})  # kept on the run: gone with it

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_run_whose_process_died_with_the_worker_resumes_from_its_checkpoint(stack: Stack) -> None:
+    stack.wait_idle()  # alone on both slots, it trains at the speed the counts below assume
     run_id = stack.submit(iterations=3000, deadline="+15m", checkpoint_interval=200)
     status = stack.home / "control" / run_id / "status.json"
     stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 400, 150,

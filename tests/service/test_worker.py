@@ -200,6 +200,7 @@ def test_a_run_cancelled_while_no_worker_watches_is_adopted_stopped_with_a_check
 
     from elasticflow_block import CheckpointStorage
 
+    stack.wait_idle()  # on both slots: long enough to be cancelled mid-run (on one it would be done in seconds)
     run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
     _wait_training(stack, run_id, past=5)
     stack.kill_worker()
@@ -235,7 +236,9 @@ def test_a_model_never_profiled_is_profiled_on_free_slots_then_admitted(stack: S
 
 def test_a_restarted_worker_adopts_the_running_run_which_completes(stack: Stack) -> None:
     # Long enough (about 90 s on two CPU slots) not to end while the worker
-    # restarts on a loaded machine (then there would be nothing to adopt).
+    # restarts on a loaded machine (then there would be nothing to adopt). On
+    # one slot it trains without an all-reduce, 15x faster: so it starts alone.
+    stack.wait_idle()
     run_id = stack.submit(iterations=6000, deadline="+15m", checkpoint_interval=500)
     status = _wait_training(stack, run_id)
     stack.kill_worker()

@@ -207,6 +207,8 @@ class Scheduler:
                 run.held = tuple(sorted(set(run.held) | set(run.target)))
                 actions.append(Action(run.run_id, ActionKind.RESCALE, run.target))
             elif run.commanded and (not run.target or set(run.commanded) & wanted_by_others(run)):
+                if self._keeps_its_gpus(run, active):
+                    continue
                 self._command(run, (), now)
                 actions.append(Action(run.run_id, ActionKind.PARK))
         for run in sorted((r for r in active if r.phase == Phase.WAITING), key=lambda r: (r.job.submit_time, r.run_id)):
@@ -217,6 +219,18 @@ class Scheduler:
             else:
                 actions.append(Action(run.run_id, ActionKind.AWAIT, run.target))
         return actions
+
+    @staticmethod
+    def _keeps_its_gpus(run: RunState, active: list[RunState]) -> bool:
+        """A deadline run is not parked for runs due later (earliest deadline
+        first): the plan that parks it counts on it catching up later, and a
+        run that is behind its profile (a busy machine) then misses, while the
+        runs that wanted its GPUs had the slack to wait. Only a run due no
+        later than it, or nobody, wanting its GPUs lets it be parked."""
+        if run.deadline is None:
+            return False
+        wanting = [r for r in active if r is not run and set(r.target) & set(run.commanded)]
+        return bool(wanting) and all(r.deadline is None or r.deadline > run.deadline for r in wanting)
 
     def _finishes_before_a_restart(self, run: RunState, target: tuple[int, ...]) -> bool:
         """A resize costs a restart: one that would outlast what is left of the

@@ -258,3 +258,16 @@ def test_a_run_about_to_finish_is_not_resized(tmp_path: Path) -> None:
     a.channel.publish_status({"iteration": 100, "gpus": [0, 1]})  # far from done: the resize goes ahead
     (action,) = [x for x in sched.actuate(T0 + 1) if x.run_id == "a"]
     assert action.kind == "rescale" and action.gpus == (0,)
+
+
+def test_a_deadline_run_is_not_parked_for_a_run_due_later(tmp_path: Path) -> None:
+    sched = _scheduler()
+    urgent = _run(tmp_path, "urgent", T0, 4000, T0 + 100)
+    urgent.phase, urgent.commanded, urgent.held, urgent.target = "running", (0,), (0,), ()
+    patient = _run(tmp_path, "patient", T0, 4000, T0 + 3600)
+    patient.phase, patient.commanded, patient.held, patient.target = "running", (1,), (1,), (0, 1)
+    sched.runs = {"urgent": urgent, "patient": patient}
+    kinds = {x.run_id: x.kind for x in sched.actuate(T0 + 1)}
+    assert "urgent" not in kinds  # it keeps GPU 0; the run due an hour later waits for it
+    patient.deadline = T0 + 50  # due sooner than the urgent one: then it may take GPU 0
+    assert {x.run_id: x.kind for x in sched.actuate(T0 + 2)}.get("urgent") == "park"

@@ -156,6 +156,16 @@ def runs(ui_stack: UiStack) -> Runs:
     stack.wait_until(lambda: "| rescale |" in stack.allocation_artifact(resized), 90, "the long run to shrink")
     for run_id in (urgent, resized):
         assert stack.wait_final(run_id, 240).state.is_completed()
+
+    def idle_view() -> bool:  # the worker rewrites the view once it has seen both processes exit
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[CLUSTER_KEY])))
+        return any("0/2 GPUs busy" in str(a.data) for a in found)
+
+    stack.wait_until(idle_view, 60, "the cluster view to show every GPU free")
     return Runs(rejected, rejected_run.state.message, admitted, admitted_run.name, cluster_artifact, resized)
 
 

@@ -30,10 +30,11 @@ def binaries() -> Path | None:
 
 
 @contextmanager
-def throwaway_postgres(max_connections: int = 200) -> Iterator[str]:
+def throwaway_postgres(max_connections: int = 200, settings: dict[str, str] | None = None) -> Iterator[str]:
     """Start a server on a free port of 127.0.0.1; yields `postgresql://` URL of
     its `postgres` database. PostgreSQL refuses to run as root: as root it runs
-    as the `postgres` account, in a folder that account owns."""
+    as the `postgres` account, in a folder that account owns. `settings` are
+    server settings (`-c name=value`), e.g. a time zone."""
     from scheduler_service.stack.local import free_port
 
     bin_dir = binaries()
@@ -54,7 +55,8 @@ def throwaway_postgres(max_connections: int = 200) -> Iterator[str]:
     try:
         run(str(bin_dir / "initdb"), "-D", str(data / "db"), "-A", "trust", "-U", "elasticflow")
         run(str(bin_dir / "pg_ctl"), "-D", str(data / "db"), "-l", str(data / "server.log"), "-w", "-o",
-            f"-h 127.0.0.1 -p {port} -k {data} -c max_connections={max_connections}", "start")
+            f"-h 127.0.0.1 -p {port} -k {data} -c max_connections={max_connections}"
+            + "".join(f" -c {name}={value}" for name, value in (settings or {}).items()), "start")
         yield f"postgresql://elasticflow@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],

@@ -3,58 +3,23 @@ started from Debian's binaries, the same store code as on SQLite."""
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
 from scheduler_service.store.db import DATABASE_URL_ENV
 
 
-def _binaries() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    bin_dir = _binaries()
-    if bin_dir is None:
-        pytest.skip("no PostgreSQL server binaries (Debian: apt-get install postgresql)")
-    from scheduler_service.stack.local import free_port
+    from scheduler_service.stack.postgres import NO_POSTGRES, binaries, throwaway_postgres
 
-    # PostgreSQL refuses to run as root: run it as the `postgres` account then,
-    # in a folder that account can reach (pytest's tmp folders are root-only).
-    data = Path(tempfile.mkdtemp(prefix="elasticflow-pg-"))
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(data, "postgres")
-        data.chmod(0o700)
-    port = free_port()
-
-    def run(*args: str) -> None:
-        done = subprocess.run([*as_user, *args], capture_output=True, text=True)
-        if done.returncode:
-            pytest.fail(f"{Path(args[0]).name} failed: {done.stdout}{done.stderr}")
-
-    run(str(bin_dir / "initdb"), "-D", str(data / "db"), "-A", "trust", "-U", "elasticflow")
-    run(str(bin_dir / "pg_ctl"), "-D", str(data / "db"), "-l", str(data / "server.log"), "-w", "-o",
-        f"-h 127.0.0.1 -p {port} -k {data} -c timezone=America/New_York", "start")
-    try:
-        yield f"postgresql+psycopg://elasticflow@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(data, ignore_errors=True)
+    if binaries() is None:
+        pytest.skip(NO_POSTGRES)
+    # A server in another time zone: times must round-trip as UTC whatever the server's zone.
+    with throwaway_postgres(settings={"timezone": "America/New_York"}) as url:
+        yield url.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
 def test_service_state_round_trips_on_postgresql(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -162,12 +162,14 @@ def _brief(delta: timedelta) -> str:
     return _duration(timedelta(seconds=seconds))
 
 
-def _when(moment: datetime | None, at: datetime) -> str:
+def _when(moment: datetime | None, at: datetime, relative_too: bool = True) -> str:
     """A time as HH:MM:SS UTC with how far from `at`; the date only when it differs."""
     if moment is None:
         return "-"
     moment, at = _utc(moment).astimezone(timezone.utc), _utc(at).astimezone(timezone.utc)
     clock = moment.strftime("%H:%M:%S") if moment.date() == at.date() else moment.strftime("%Y-%m-%d %H:%M:%S")
+    if not relative_too:
+        return clock
     delta = moment - at
     relative = f"in {_brief(delta)}" if delta.total_seconds() >= 0 else f"{_brief(-delta)} ago"
     return f"{clock} ({relative})"
@@ -232,7 +234,7 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
             _cell(job.name),
             _MARK[outlook(job, snapshot.at, margin)] + ("" if job.status in _PLAIN else f" · {_cell(job.status)}"),
             _progress(job),
-            _when(job.projected_finish, snapshot.at),
+            _when(job.projected_finish, snapshot.at, relative_too=False),  # the outlook says how it stands
             _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
             "-" if job.share is None else str(job.share),
             gpus,

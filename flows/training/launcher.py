@@ -192,8 +192,11 @@ class Segment:
                 # in a graceful stop, the last checkpoint is what we resume from.
                 self.kill(grace_s=0.0)
                 # A rank killed by a signal is the likely cause; the others then
-                # fail in a collective. Report that one's log, and every exit code.
-                rank, code = min(failed, key=lambda rc: (rc[1] is None or rc[1] >= 0, rc[0]))
+                # fail in a collective, some aborting themselves (SIGABRT from a
+                # C++ terminate in gloo, seen as soon as a peer's socket closes):
+                # that is a casualty, not a cause. Report the cause's log, and every exit code.
+                rank, code = min(failed, key=lambda rc: (rc[1] is None or rc[1] >= 0,
+                                                         rc[1] == -signal.SIGABRT, rc[0]))
                 codes_text = ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes))
                 what = (f"exited with {code}" if (self.dir / f"rank{rank}.log").exists()
                         else f"never took its segment (exit code {code})")

@@ -24,13 +24,28 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
+class GpuSlot(BaseModel):
+    """Where one GPU of a placement is, on a cluster of several machines: the
+    Ray node and the device index on it. A GPU id alone is a position in the
+    service's current topology, which changes when nodes come and go."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str = Field(description="Ray node id")
+    name: str = Field(description="the node's name, for people")
+    ip: str = Field(description="the node's address: the rendezvous of a run whose rank 0 is here")
+    index: int = Field(ge=0, description="CUDA device index on the node (a worker slot on a CPU-only node)")
+
+
 class ControlCommand(BaseModel):
     """`rescale` moves the run to `gpus` (an empty list parks it until the next
-    rescale); `stop` checkpoints and ends the flow run."""
+    rescale); `stop` checkpoints and ends the flow run. On a cluster,
+    `placement` says where each of `gpus` is, in the same order."""
 
     seq: int = Field(ge=1)
     action: Literal["rescale", "stop"]
     gpus: list[int] | None = None
+    placement: list[GpuSlot] | None = None
     issued_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 
@@ -66,7 +81,8 @@ class ControlAck(BaseModel):
 class ControlChannel(Protocol):
     """What the scheduler and the flow need from a channel; swap the transport freely."""
 
-    def request(self, action: Literal["rescale", "stop"], gpus: list[int] | None = None) -> ControlCommand: ...
+    def request(self, action: Literal["rescale", "stop"], gpus: list[int] | None = None,
+                placement: list[GpuSlot] | None = None) -> ControlCommand: ...
 
     def pending(self, applied_seq: int) -> ControlCommand | None: ...
 
@@ -103,12 +119,16 @@ class FileControlChannel:
         except FileNotFoundError:
             return None
 
-    def request(self, action: Literal["rescale", "stop"], gpus: list[int] | None = None) -> ControlCommand:
+    def request(self, action: Literal["rescale", "stop"], gpus: list[int] | None = None,
+                placement: list[GpuSlot] | None = None) -> ControlCommand:
         """Scheduler side: issue a command; it supersedes any not yet applied."""
         if action == "rescale" and gpus is None:
             raise ValueError("rescale needs a GPU list (empty to park the run)")
+        if placement is not None and len(placement) != len(gpus or []):
+            raise ValueError("a placement names one slot for each GPU")
         current = self.latest()
-        command = ControlCommand(seq=(current.seq if current else 0) + 1, action=action, gpus=gpus)
+        command = ControlCommand(seq=(current.seq if current else 0) + 1, action=action, gpus=gpus,
+                                 placement=placement)
         write_json_atomic(self.command_path, command.model_dump_json())
         return command
 

@@ -40,7 +40,8 @@ from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, S
 log = logging.getLogger("elasticflow.worker")
 
 _terminated = False
-_parent_pid = os.getppid()  # the flow process that launched this worker
+_stop_asked = False  # the launcher asked this rank to stop (ranks run as Ray actors read no control folder)
+_parent_pid: int | None = os.getppid()  # the flow process that launched this worker (None: a Ray actor)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -53,7 +54,7 @@ def _orphaned() -> bool:
     run reaches its PID only, not its workers). Stop and checkpoint at this
     boundary instead of training on for nobody, on GPUs the scheduler has
     given to someone else."""
-    return os.getppid() != _parent_pid
+    return _parent_pid is not None and os.getppid() != _parent_pid
 
 
 def build_optimizer(model: torch.nn.Module, spec: SegmentSpec) -> torch.optim.Optimizer:
@@ -198,7 +199,7 @@ class Worker:
         return total
 
     def stop_requested(self) -> bool:
-        if _terminated:
+        if _terminated or _stop_asked:
             return True
         return bool(self.rank == 0 and self.control and self.control.pending(self.spec.applied_seq))
 

@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
-from flows.training.control import ControlAck, FileControlChannel, default_control_root
+from flows.training.control import ControlAck, FileControlChannel, GpuSlot, default_control_root
 from flows.training.datasets import load_dataset
 from flows.training.launcher import POOL, ProgressCallback, Segment, prune_segment_dirs
 from flows.training.params import TrainParameters
@@ -35,6 +35,7 @@ log = logging.getLogger("elasticflow.runtime")
 SegmentWrapper = Callable[[Callable[[], SegmentResult], str], SegmentResult]
 
 
+RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # ranks on this Ray cluster's nodes (flows.training.ray_ranks)
 STANDBY_ENV = "ELASTICFLOW_STANDBY_WORKERS"  # standby workers kept warm; default: largest planned GPU set
 
 
@@ -155,6 +156,14 @@ def run_training(
     ack = channel.acknowledged()
     applied_seq = ack.seq if ack else 0
     override: list[int] | None = ack.gpus if ack else None  # a restarted flow keeps the scheduler's last word
+    latest = channel.latest()  # on a cluster, where those GPUs are
+    where: list[GpuSlot] | None = latest.placement if latest and ack and latest.seq == ack.seq else None
+    cluster = None
+    if os.environ.get(RAY_ADDRESS_ENV):
+        from flows.training.ray_ranks import RayRanks
+
+        cluster = RayRanks(os.environ[RAY_ADDRESS_ENV], run_key, channel)
+    placement: list[GpuSlot] = []  # the current segment's, on a cluster
     done = storage.iterations(run_key)
     iteration = done[-1] if done else 0
     history: list[float] = []
@@ -168,7 +177,12 @@ def run_training(
     termination.install()
 
     def launch(spec: SegmentSpec, gpus: list[int], on_progress: ProgressCallback, standby: int) -> SegmentResult:
-        segment = Segment(spec, gpus, workdir=segments_dir)
+        nonlocal placement
+        if cluster is not None:
+            placement = cluster.placement(gpus, where)
+            segment: Any = cluster.segment(spec, gpus, placement)
+        else:
+            segment = Segment(spec, gpus, workdir=segments_dir)
         termination.segment = segment
         refilled = False
 
@@ -177,7 +191,10 @@ def run_training(
             # imports would only slow this segment's start.
             nonlocal refilled
             if not refilled:
-                POOL.refill(standby)
+                if cluster is None:
+                    POOL.refill(standby)
+                elif standby:
+                    cluster.refill(placement)
                 refilled = True
             on_progress(iteration, loss, wall_t)
 
@@ -204,6 +221,7 @@ def run_training(
                     status = "stopped"
                     break
                 override, cause = list(command.gpus or []), "control"
+                where = command.placement
                 channel.acknowledge(ControlAck(seq=command.seq, iteration=iteration, gpus=override))
                 log.info("control command applied run_key=%s seq=%d gpus=%s", run_key, command.seq, override)
             if override == []:  # parked by the scheduler: hold no workers until told
@@ -246,6 +264,13 @@ def run_training(
                 done = storage.iterations(run_key)
                 iteration = done[-1] if done else 0
                 previous = None
+                if cluster is not None and cluster.lost_nodes():
+                    # A node of this run is gone: its GPUs are no one's to train on. The
+                    # scheduler re-plans on the smaller cluster and says where to go on.
+                    log.warning("run_key=%s lost nodes of %s; waiting for a new placement", run_key,
+                                ",".join(sorted({s.name for s in placement})))
+                    while channel.pending(applied_seq) is None:
+                        time.sleep(park_poll_s)
                 continue
             if previous is not None and previous.gpus != result.gpus:
                 seconds = None
@@ -273,6 +298,9 @@ def run_training(
         termination.received = False  # already failing: just put the handler back
         termination.restore_and_forward()
         raise
+    finally:
+        if cluster is not None:
+            cluster.close()
     tracker.finished(status)
     termination.restore_and_forward()  # checkpoint is safe: now let SIGTERM do what it would have done
     return TrainResult(

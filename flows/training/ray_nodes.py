@@ -1,0 +1,111 @@
+"""The Ray cluster as ElasticFlow plans it: alike nodes, each a power of two GPUs.
+
+Ray reports nodes and their resources; buddy placement needs every node to hold
+the same power-of-two number of GPUs (on a CPU-only node: the worker slots it
+declared as the `elasticflow_slots` resource). A node that does not fit is left
+out, with the reason, rather than bending the topology. Both the service (its
+cluster) and a run's coordinating process (a fixed GPU plan without a
+scheduler) read the cluster through here, so they number GPUs alike.
+
+No `ray` import: callers pass what `ray.nodes()` returned.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
+
+from flows.training.control import GpuSlot
+
+SLOTS_RESOURCE = "elasticflow_slots"  # worker slots a CPU-only node offers (`ray start --resources`)
+# Ray rewrites 127.0.0.1 to the host's outside address unless told it is one
+# machine (read when `ray` is imported); a loopback cluster listens on 127.0.0.1 only.
+RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(address: str | None) -> bool:
+    host = (address or "").rpartition(":")[0] or (address or "")
+    return host.startswith("127.") or host == "localhost"
+
+
+def loopback_before_import(address: str | None) -> None:
+    """Keep a process that talks to a loopback cluster on loopback: call before `import ray`."""
+    if is_loopback(address):
+        os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
+
+
+@dataclass(frozen=True, slots=True)
+class RayNode:
+    node_id: str
+    name: str
+    ip: str
+    gpus: int
+    device: Literal["cuda", "cpu"]
+
+    def slots(self) -> list[GpuSlot]:
+        return [GpuSlot(node=self.node_id, name=self.name, ip=self.ip, index=i) for i in range(self.gpus)]
+
+
+@dataclass(frozen=True, slots=True)
+class Excluded:
+    name: str
+    reason: str
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def read_nodes(raw: Iterable[dict[str, Any]]) -> tuple[list[RayNode], list[Excluded]]:
+    """The usable live nodes, in the order given, and the others with why.
+
+    GPU nodes win over CPU-slot nodes (a run does not mix devices); among them,
+    the most common size wins (the larger on a tie)."""
+    candidates: list[RayNode] = []
+    excluded: list[Excluded] = []
+    for entry in raw:
+        if not entry.get("Alive", False):
+            continue
+        resources = entry.get("Resources") or {}
+        name = str(entry.get("NodeName") or entry.get("NodeManagerAddress") or entry["NodeID"][:12])
+        gpus, device = int(resources.get("GPU", 0)), "cuda"
+        if not gpus:
+            gpus, device = int(resources.get(SLOTS_RESOURCE, 0)), "cpu"
+        if not gpus:
+            excluded.append(Excluded(name, f"no GPUs and no {SLOTS_RESOURCE} resource"))
+            continue
+        if not _is_power_of_two(gpus):
+            excluded.append(Excluded(name, f"{gpus} GPUs: buddy placement needs a power of two per node"))
+            continue
+        candidates.append(RayNode(entry["NodeID"], name, str(entry.get("NodeManagerAddress", "")), gpus,
+                                  device))  # type: ignore[arg-type]
+    if any(n.device == "cuda" for n in candidates):
+        for node in [n for n in candidates if n.device == "cpu"]:
+            excluded.append(Excluded(node.name, "CPU worker slots beside GPU nodes: a run does not mix devices"))
+        candidates = [n for n in candidates if n.device == "cuda"]
+    if not candidates:
+        return [], excluded
+    counts = Counter(n.gpus for n in candidates)
+    size = max(counts, key=lambda g: (counts[g], g))
+    for node in [n for n in candidates if n.gpus != size]:
+        excluded.append(Excluded(node.name, f"{node.gpus} GPUs where the others have {size}: "
+                                            "buddy placement needs alike nodes"))
+    return [n for n in candidates if n.gpus == size], excluded
+
+
+def by_name(nodes: list[RayNode]) -> list[RayNode]:
+    """A stable order for a cluster nobody has numbered yet."""
+    return sorted(nodes, key=lambda n: (n.name, n.node_id))
+
+
+def slots_of(nodes: list[RayNode], gpus: Iterable[int]) -> list[GpuSlot]:
+    """GPU ids (node-major over `nodes`) as slots."""
+    every = [slot for node in nodes for slot in node.slots()]
+    out = []
+    for gpu in gpus:
+        if not 0 <= gpu < len(every):
+            raise ValueError(f"GPU {gpu} is not in the Ray cluster ({len(every)} GPUs on {len(nodes)} nodes)")
+        out.append(every[gpu])
+    return out

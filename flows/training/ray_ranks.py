@@ -1,0 +1,457 @@
+"""A segment's DDP ranks as Ray actors, each on the node and GPU its placement names.
+
+The run's flow process stays where Prefect's worker started it and coordinates:
+it is the Ray driver that owns the actors (so they die with it), hands each
+rank its segment, forwards the scheduler's stop (ranks read no control folder,
+which a remote node could not see) and collects the result. Ray decides
+nothing: an actor is pinned to its node (hard node affinity) and its GPU is set
+by us (`CUDA_VISIBLE_DEVICES`, with Ray told not to set it), and the actor
+says where it landed before it is given any work.
+
+One actor runs one segment, as one process did on a single machine: its CUDA
+context and process group go with it, and a resize frees the GPU by ending
+the process. Warm actors (torch imported, no device touched) wait per node in
+`ActorPool`, so a resize does not pay for an interpreter and its imports.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from flows.training.ray_nodes import by_name, loopback_before_import, read_nodes, slots_of
+
+loopback_before_import(os.environ.get("ELASTICFLOW_RAY_ADDRESS"))
+
+import ray  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
+from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings
+from flows.training.standby import rank_env
+
+log = logging.getLogger("elasticflow.ray")
+
+RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # set by the service's Ray backend
+NAMESPACE = "elasticflow"
+HANDOVER_S = 120.0  # actor asked for -> it says where it is; else its node is full or gone
+ProgressCallback = Callable[[int, float, float], None]
+
+
+class PlacementError(RuntimeError):
+    """A rank is not where the placement says (or cannot get there)."""
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster as a driver (once per process)."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+
+
+def live_nodes() -> list[dict[str, Any]]:
+    return list(ray.nodes())
+
+
+def slots_for(gpus: list[int]) -> list[GpuSlot]:
+    """GPU ids as slots on the live cluster, numbered by node name: for runs
+    given a fixed GPU plan (no scheduler); the service names slots itself."""
+    nodes, _ = read_nodes(live_nodes())
+    return slots_of(by_name(nodes), gpus)
+
+
+def alive(placement: list[GpuSlot]) -> bool:
+    """Whether every node of the placement is up."""
+    up = {n["NodeID"] for n in live_nodes() if n.get("Alive")}
+    return all(slot.node in up for slot in placement)
+
+
+def interface_of(ip: str) -> str:
+    """The network interface holding `ip` (Linux): the collectives bind there."""
+    if ip.startswith("127."):
+        return "lo"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    raise PlacementError(f"no interface holds {ip}")
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class RankActor:
+    """One rank. Threaded: `progress` and `stop` are answered while `run` trains."""
+
+    def __init__(self) -> None:
+        import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
+
+        os.umask(0o077)  # checkpoints, logs, progress: private
+        self.dir: Path | None = None
+
+    def where(self) -> dict[str, Any]:
+        ip = ray.util.get_node_ip_address()
+        return {"node": ray.get_runtime_context().get_node_id(), "ip": ip, "pid": os.getpid(),
+                "host": socket.gethostname(), "interface": interface_of(ip)}
+
+    def free_port(self, ip: str) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((ip, 0))
+            return int(sock.getsockname()[1])
+
+    def run(self, spec_json: str, env: dict[str, str]) -> str:
+        """Train the segment as rank `RANK`; rank 0 returns the result."""
+        import torch
+
+        from flows.training import rank as rank_mod
+
+        os.environ.update(env)
+        rank_mod._parent_pid = None  # its parent is its node's raylet; Ray ends it with its owner, the flow process
+        self.dir = Path(tempfile.mkdtemp(prefix="elasticflow-rank-"))
+        handler = logging.FileHandler(self.dir / "rank.log")
+        handler.setFormatter(logging.Formatter(f"%(asctime)s rank={env['RANK']} %(name)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+        spec = SegmentSpec.model_validate_json(spec_json)
+        if spec.device == "cuda" and torch.cuda.device_count() != 1:
+            raise PlacementError(f"rank {env['RANK']} sees {torch.cuda.device_count()} CUDA devices, not GPU "
+                                 f"{env['CUDA_VISIBLE_DEVICES']} alone")
+        (self.dir / "spec.json").write_text(spec_json)
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        worker = rank_mod.Worker(spec, self.dir, rank, world)
+        worker.setup()
+        worker.restore()
+        start = worker.iteration
+        reason = worker.train()
+        worker.report(start, reason)
+        torch.distributed.barrier()  # every rank is past its last collective; the process ends with the actor
+        return (self.dir / "result.json").read_text() if rank == 0 else ""
+
+    def progress(self, offset: int) -> tuple[list[dict[str, float]], int]:
+        """Rank 0's progress lines from byte `offset` on."""
+        path = self.dir / "progress.jsonl" if self.dir else None
+        if path is None or not path.exists():
+            return [], offset
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+
+    def stop(self, terminate: bool) -> None:
+        """Stop at the next iteration boundary: the scheduler's stop, or the run's end."""
+        from flows.training import rank as rank_mod
+
+        if terminate:
+            rank_mod._terminated = True
+        else:
+            rank_mod._stop_asked = True
+
+    def log_tail(self, chars: int = 2000) -> str:
+        path = self.dir / "rank.log" if self.dir else None
+        return path.read_text(errors="replace")[-chars:] if path and path.exists() else ""
+
+
+def _actor_env() -> dict[str, str]:
+    """What the ranks see of this process's environment, besides their node's:
+    the allow-list's own names (a remote store's credentials by name through
+    ELASTICFLOW_RANK_ENV), never PATH or HOME, which are the node's."""
+    mine = rank_env(dict(os.environ))
+    keep = {k: v for k, v in mine.items() if k.startswith(("ELASTICFLOW_", "NCCL_", "GLOO_", "TORCH_"))
+            or k in os.environ.get("ELASTICFLOW_RANK_ENV", "").split(",")}
+    keep["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # the placement's GPU, not one Ray picks
+    return keep
+
+
+class ActorPool:
+    """Warm rank actors per node, owned by this process (they end with it)."""
+
+    def __init__(self, run_key: str) -> None:
+        self.run_key = run_key
+        self.ready: dict[str, list[Any]] = {}
+        self.count = 0
+        self.env = _actor_env()
+
+    def _new(self, node: str) -> Any:
+        self.count += 1
+        return RankActor.options(
+            name=f"{self.run_key}/rank-{self.count}",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            runtime_env={"env_vars": self.env},
+        ).remote()
+
+    def take(self, slot: GpuSlot) -> Any:
+        standbys = self.ready.get(slot.node) or []
+        return standbys.pop() if standbys else self._new(slot.node)
+
+    def refill(self, placement: list[GpuSlot]) -> None:
+        """Keep one warm actor for each GPU of `placement` on its node."""
+        wanted: dict[str, int] = {}
+        for slot in placement:
+            wanted[slot.node] = wanted.get(slot.node, 0) + 1
+        for node, count in wanted.items():
+            standbys = self.ready.setdefault(node, [])
+            while len(standbys) < count:
+                standbys.append(self._new(node))
+
+    def drop(self, nodes: set[str]) -> None:
+        """Forget standbys on nodes that are gone."""
+        for node in nodes:
+            for actor in self.ready.pop(node, []):
+                ray.kill(actor)
+
+    def close(self) -> None:
+        for actors in self.ready.values():
+            for actor in actors:
+                ray.kill(actor)
+        self.ready.clear()
+
+
+@ray.remote(num_cpus=0)
+def _await_exit(pids: list[int], timeout_s: float) -> list[int]:
+    """On the ranks' node: wait for their processes to be gone; those still there."""
+    def there(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    give_up = time.monotonic() + timeout_s
+    while any(there(p) for p in pids) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return [p for p in pids if there(p)]
+
+
+def _end(actors: list[Any], where: list[dict[str, Any]], timeout_s: float = 15.0) -> None:
+    """Kill the actors and return once their processes are gone, as seen on
+    their own nodes: the GPUs are free only then, and the scheduler hears of
+    the new set (the acknowledgement) only after this."""
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    by_node: dict[str, list[int]] = {}
+    for w in where:
+        by_node.setdefault(w["node"], []).append(w["pid"])
+    checks = [_await_exit.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+        pids, timeout_s) for node, pids in by_node.items()]
+    left = []
+    for check in checks:
+        try:
+            left += ray.get(check, timeout=timeout_s + 10)
+        except Exception:  # noqa: BLE001  # a node that is gone took its processes with it
+            continue
+    if left:
+        log.warning("rank processes %s still there %.0f s after they were killed", left, timeout_s)
+
+
+@ray.remote(num_cpus=0)
+def _here() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _answers(node: str, timeout_s: float = 10.0) -> bool:
+    """Whether the node still runs work (a task pinned there comes back)."""
+    try:
+        ref = _here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        return ray.get(ref, timeout=timeout_s) == node
+    except Exception:  # noqa: BLE001  # unschedulable, dead, or too slow: not a node to train on
+        return False
+
+
+class RaySegment:
+    """A running segment on Ray, with the launcher `Segment`'s interface."""
+
+    def __init__(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot], pool: ActorPool,
+                 control: FileControlChannel | None = None) -> None:
+        if not gpus or len(placement) != len(gpus):
+            raise ValueError("a segment needs one slot per GPU")
+        self.spec, self.gpus, self.placement, self.pool, self.control = spec, list(gpus), placement, pool, control
+        self.actors: list[Any] = []
+        self.refs: list[Any] = []
+        self.where: list[dict[str, Any]] = []
+        self.launch_t = 0.0
+        self._offset = 0
+        self._stop_sent = False
+        self.start_error: str | None = None
+        self.died = False  # a rank's process died under it (killed, or its node lost)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w["pid"] for w in self.where]
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({slot.name for slot in self.placement})
+
+    def start(self) -> None:
+        """Hand each rank its part. Ranks that cannot start (a node going
+        away) make the segment a crash, as a rank failing later would."""
+        self.launch_t = time.time()
+        self.actors = [self.pool.take(slot) for slot in self.placement]
+        try:
+            self._start()
+        except (PlacementError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            self.died = self.died or isinstance(exc, ray.exceptions.RayActorError)
+            self.start_error = f"ranks could not start on {', '.join(self.nodes)}: {type(exc).__name__}: {exc}"
+
+    def _start(self) -> None:
+        self.where = ray.get([a.where.remote() for a in self.actors], timeout=HANDOVER_S)
+        for rank, (slot, where) in enumerate(zip(self.placement, self.where)):
+            if where["node"] != slot.node:  # hard affinity makes this impossible; check anyway
+                raise PlacementError(f"rank {rank} landed on node {where['node']}, not {slot.node} ({slot.name})")
+        master_ip = self.where[0]["ip"]
+        port = ray.get(self.actors[0].free_port.remote(master_ip))
+        local_rank: dict[str, int] = {}
+        spec_json = self.spec.model_copy(update={"control_dir": None}).model_dump_json()
+        for rank, (actor, slot, where) in enumerate(zip(self.actors, self.placement, self.where)):
+            local_rank[slot.node] = local_rank.get(slot.node, -1) + 1
+            env = dict(
+                RANK=str(rank), LOCAL_RANK=str(local_rank[slot.node]), WORLD_SIZE=str(len(self.gpus)),
+                MASTER_ADDR=master_ip, MASTER_PORT=str(port),
+                GLOO_SOCKET_IFNAME=where["interface"], NCCL_SOCKET_IFNAME=where["interface"],
+                ELASTICFLOW_LAUNCH_T=repr(self.launch_t), ELASTICFLOW_GPUS=",".join(map(str, self.gpus)),
+                CUDA_VISIBLE_DEVICES=str(slot.index) if self.spec.device == "cuda" else "",
+            )
+            self.refs.append(actor.run.remote(spec_json, env))
+        log.info("segment started on Ray run_key=%s gpus=%s nodes=%s master=%s:%d", self.spec.run_key, self.gpus,
+                 ",".join(self.nodes), master_ip, port)
+
+    def request_stop(self, terminate: bool = True) -> None:
+        for actor in self.actors:
+            actor.stop.remote(terminate)
+
+    def kill(self, grace_s: float = 5.0) -> None:
+        if self.refs:
+            self.request_stop()
+            ray.wait(self.refs, num_returns=len(self.refs), timeout=grace_s)
+        _end(self.actors, self.where)
+
+    def _progress(self, on_progress: ProgressCallback | None) -> None:
+        try:
+            lines, self._offset = ray.get(self.actors[0].progress.remote(self._offset), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        for line in lines:
+            if on_progress:
+                on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
+
+    def _crashed(self, error: str) -> SegmentResult:
+        log.warning("segment crashed on Ray run_key=%s: %s", self.spec.run_key, error[:300])
+        return SegmentResult(gpus=self.gpus, start_iteration=-1, end_iteration=-1, reason="crashed",
+                             timings=SegmentTimings(launch_t=self.launch_t, end_t=time.time()), error=error)
+
+    def _failures(self, done: list[Any]) -> dict[int, BaseException]:
+        """Ranks that failed, once one has: the others are given a moment to
+        fail too, so that the cause can be told from its casualties."""
+        def failed(refs: list[Any]) -> dict[int, BaseException]:
+            out = {}
+            for ref in refs:
+                try:
+                    ray.get(ref, timeout=0)
+                except ray.exceptions.GetTimeoutError:
+                    continue
+                except Exception as exc:  # noqa: BLE001  # whatever a rank raised, or its death
+                    out[self.refs.index(ref)] = exc
+            return out
+
+        found = failed(done)
+        if found:
+            more, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=3.0)
+            found = failed(more)
+        return found
+
+    def _cause(self, failures: dict[int, BaseException]) -> str:
+        """A rank whose process died (killed, its node lost) is the likely
+        cause; the others then fail in a collective with a closed peer."""
+        died = {r: e for r, e in failures.items() if isinstance(e, ray.exceptions.RayActorError)}
+        self.died = bool(died)
+        rank, exc = min((died or failures).items())
+        tail = ""
+        if not died:
+            try:
+                tail = ray.get(self.actors[rank].log_tail.remote(), timeout=5)
+            except Exception:  # noqa: BLE001  # gone meanwhile
+                pass
+        ranks = ", ".join(f"rank {r} on {self.placement[r].name}" for r in sorted(failures))
+        return (f"worker rank {rank} on {self.placement[rank].name} "
+                f"{'died' if died else 'failed'}: {type(exc).__name__}: {str(exc)[:1500]} {tail} "
+                f"(failed: {ranks})")
+
+    def wait(self, on_progress: ProgressCallback | None = None, poll_s: float = 0.2,
+             timeout_s: float | None = None) -> SegmentResult:
+        give_up = None if timeout_s is None else time.time() + timeout_s
+        try:
+            if self.start_error:
+                return self._crashed(self.start_error)
+            while True:
+                done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=poll_s)
+                self._progress(on_progress)
+                failures = self._failures(done)
+                if failures:
+                    return self._crashed(self._cause(failures))
+                if len(done) == len(self.refs):
+                    self._progress(on_progress)
+                    break
+                if give_up is not None and time.time() > give_up:
+                    return self._crashed(f"did not finish in {timeout_s:.0f} s")
+                if self.control and not self._stop_sent and self.control.pending(self.spec.applied_seq):
+                    self.request_stop(terminate=False)  # rank 0 polled this file when it could see it
+                    self._stop_sent = True
+            result = SegmentResult.model_validate_json(ray.get(self.refs[0]))
+            result.gpus = self.gpus
+            return result
+        finally:
+            _end(self.actors, self.where)
+
+
+class RayRanks:
+    """Where a run's segments go on a Ray cluster: its actor pool and the
+    placement of each segment."""
+
+    def __init__(self, address: str, run_key: str, control: FileControlChannel | None) -> None:
+        connect(address)
+        self.pool = ActorPool(run_key)
+        self.control = control
+        self.last: RaySegment | None = None
+
+    def placement(self, gpus: list[int], given: list[GpuSlot] | None) -> list[GpuSlot]:
+        return list(given) if given is not None else slots_for(gpus)
+
+    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot]) -> RaySegment:
+        self.last = RaySegment(spec, gpus, placement, self.pool, self.control)
+        return self.last
+
+    def refill(self, placement: list[GpuSlot]) -> None:
+        self.pool.refill(placement)
+
+    def lost_nodes(self, verdict_s: float = 60.0) -> bool:
+        """After a crash: whether the last segment's placement lost a node.
+        A rank that died may be its node going: Ray's verdict (missed
+        heartbeats) comes within seconds, so it is awaited for a while."""
+        segment = self.last
+        if segment is None:
+            return False
+        give_up = time.monotonic() + (verdict_s if segment.died else 0.0)
+        if segment.died and all(_answers(node) for node in {slot.node for slot in segment.placement}):
+            return False  # a rank's process died, not its node: restart where it was
+        while True:
+            if not alive(segment.placement):
+                self.pool.drop({slot.node for slot in segment.placement})
+                return True
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,93 @@
+"""A Ray cluster of N nodes x G worker slots on this machine, on loopback.
+
+For trying the cluster backend (`elasticflow up --ray local:2x2`) and for the
+tests: each node is a real raylet with its own processes, as on separate
+machines, only all bound to 127.0.0.1. It is Ray's own multi-node-on-one-host
+helper (`ray.cluster_utils.Cluster`), so nodes can be killed and added.
+
+    python -m scheduler_service.stack.ray_local 2x2 ADDRESS_FILE
+
+runs one until SIGTERM, writing its address to ADDRESS_FILE once it is up.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from flows.training.ray_nodes import RAY_LOOPBACK_ENV, SLOTS_RESOURCE
+
+LOCAL_PREFIX = "local:"
+
+
+def parse_local(spec: str) -> tuple[int, int]:
+    """`local:NxG` (or `NxG`) as (nodes, slots per node)."""
+    text = spec[len(LOCAL_PREFIX):] if spec.startswith(LOCAL_PREFIX) else spec
+    match = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not match or min(int(match[1]), int(match[2])) < 1:
+        raise ValueError(f"--ray {spec!r}: expected local:NxG, N nodes of G worker slots (e.g. local:2x2)")
+    return int(match[1]), int(match[2])
+
+
+class LocalRayCluster:
+    def __init__(self, nodes: int, slots: int) -> None:
+        import os
+
+        if "ray" in sys.modules and os.environ.get(RAY_LOOPBACK_ENV) != "0":
+            raise RuntimeError(f"set {RAY_LOOPBACK_ENV}=0 before importing ray: a loopback cluster needs it")
+        os.environ[RAY_LOOPBACK_ENV] = "0"  # and every raylet and driver it starts inherits it
+        from ray.cluster_utils import Cluster
+
+        self.slots = slots
+        self.cluster = Cluster(initialize_head=True, head_node_args=self._node_args(0, head=True))
+        self.nodes: list[Any] = [self.cluster.head_node]
+        for i in range(1, nodes):
+            self.add_node()
+
+    def _node_args(self, index: int, head: bool = False) -> dict[str, Any]:
+        args: dict[str, Any] = dict(num_cpus=self.slots, num_gpus=0, resources={SLOTS_RESOURCE: self.slots},
+                                    node_name=f"ray-node-{index}", node_ip_address="127.0.0.1",
+                                    object_store_memory=96 * 1024**2)
+        if head:
+            args["include_dashboard"] = False
+        return args
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def add_node(self) -> Any:
+        node = self.cluster.add_node(**self._node_args(len(self.nodes)))
+        self.nodes.append(node)
+        return node
+
+    def kill_node(self, index: int) -> None:
+        """The node's raylet and its processes are killed, as if its machine died."""
+        self.cluster.remove_node(self.nodes[index], allow_graceful=False)
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    nodes, slots = parse_local(argv[0])
+    cluster = LocalRayCluster(nodes, slots)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    out = Path(argv[1])
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(cluster.address)
+    tmp.replace(out)
+    print(f"local Ray cluster: {nodes} nodes x {slots} slots at {cluster.address}", flush=True)
+    stop.wait()
+    cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,81 @@
+"""A real Ray cluster of 2 nodes x 2 worker slots on loopback, for the whole
+session of one test process (the tests share an xdist group, so one process
+runs them all). Each test gets both nodes alive: one that kills a node adds a
+fresh one afterwards."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported: stay on loopback
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import pytest  # noqa: E402
+
+from flows.training.params import TrainParameters  # noqa: E402
+from scheduler_service.stack.ray_local import LocalRayCluster  # noqa: E402
+
+NODES, SLOTS = 2, 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[LocalRayCluster]:
+    cluster = LocalRayCluster(NODES, SLOTS)
+    yield cluster
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n["Alive"]]
+
+
+@pytest.fixture
+def ray_address(ray_cluster: LocalRayCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The cluster's address in ELASTICFLOW_RAY_ADDRESS, with both nodes up."""
+    from flows.training.ray_ranks import connect
+
+    monkeypatch.setenv("ELASTICFLOW_RAY_ADDRESS", ray_cluster.address)
+    connect(ray_cluster.address)
+    while len(alive_nodes()) < NODES:
+        ray_cluster.add_node()
+    yield ray_cluster.address
+
+
+@pytest.fixture(autouse=True)
+def elasticflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
+    def make(**overrides: Any) -> TrainParameters:
+        values: dict[str, Any] = dict(
+            model="mlp",
+            hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+            iterations=60,
+            checkpoint_interval=5,
+            checkpoint_store=str(tmp_path / "checkpoints"),
+            control_dir=str(tmp_path / "control"),
+            device="cpu",
+        )
+        values.update(overrides)
+        return TrainParameters(**values)
+
+    return make

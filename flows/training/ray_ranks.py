@@ -157,6 +157,13 @@ class RankActor:
         else:
             rank_mod._stop_asked = True
 
+    def cleanup(self) -> None:
+        """The segment ended well: its folder (spec, progress, log) is not needed."""
+        import shutil
+
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
     def log_tail(self, chars: int = 2000) -> str:
         path = self.dir / "rank.log" if self.dir else None
         return path.read_text(errors="replace")[-chars:] if path and path.exists() else ""
@@ -410,6 +417,7 @@ class RaySegment:
                     self._stop_sent = True
             result = SegmentResult.model_validate_json(ray.get(self.refs[0]))
             result.gpus = self.gpus
+            ray.get([a.cleanup.remote() for a in self.actors], timeout=30)
             return result
         finally:
             _end(self.actors, self.where)

@@ -31,24 +31,45 @@ def up(
     database: Optional[str] = typer.Option(
         None, "--database", help="the Prefect server's database, e.g. postgresql://user:pass@host:5432/prefect "
         "(default: SQLite under the home; given to the server alone)"),
+    ray: Optional[str] = typer.Option(
+        None, "--ray", help="run the ranks on a Ray cluster: its head's ADDRESS (host:port), or local:NxG to "
+        "start N nodes of G worker slots on this machine, on loopback, stopped with the stack (docs/ray.md)"),
 ) -> None:
     """Run the local stack in the foreground: Prefect server (SQLite, or
     PostgreSQL with --database), the `gpus` work pool, deployments
-    train/<model> and pipeline/daily, the ElasticFlow worker. A server or worker
-    that exits is restarted; training runs go on meanwhile. Ctrl-C stops it."""
+    train/<model> and pipeline/daily, the ElasticFlow worker (scheduling this
+    machine, or a Ray cluster's nodes with --ray). A server or worker that
+    exits is restarted; training runs go on meanwhile. Ctrl-C stops it."""
     from scheduler_service.stack.local import local_stack
 
     home = _home(home)
 
+    stopping = False
+
     def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        # Once: a second signal (a double Ctrl-C, a wrapper forwarding its own
+        # SIGTERM) must not cut the orderly stop short and leave processes behind.
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, on_term)
     where = "PostgreSQL" if database else "SQLite"
+    if ray:
+        from scheduler_service.stack.ray_local import LOCAL_PREFIX, parse_local
+
+        try:
+            if ray.startswith(LOCAL_PREFIX):
+                parse_local(ray)
+        except ValueError as exc:
+            errors.print(f"error: {exc}")
+            raise typer.Exit(2) from None
+        console.print(f"ranks on the Ray cluster {ray}")
     console.print(f"starting Prefect server on 127.0.0.1:{port} ({where}; home {home})")
     try:
-        with local_stack(home, port, database=database) as stack:
+        with local_stack(home, port, database=database, ray=ray) as stack:
             console.print(
                 f"work pool 'gpus' (type elasticflow); deployments: {', '.join(stack.deployments)}\n"
                 f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"

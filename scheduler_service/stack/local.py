@@ -1,7 +1,8 @@
 """The local stack as one context manager: a Prefect server on 127.0.0.1 with
 SQLite under the home folder (or the PostgreSQL database it is given), the
 `gpus` work pool, the deployments, and the ElasticFlow worker, each a child
-process with its log under `<home>/logs`.
+process with its log under `<home>/logs`; with `ray`, the worker schedules a
+Ray cluster (one it is given, or a loopback one started here first).
 
 `elasticflow up` holds it open in the foreground and restarts the server or
 the worker when one exits (`supervisor.py`); `elasticflow demo` drives it.
@@ -39,11 +40,14 @@ class LocalStack:
     deployments: dict[str, str]
     server: Supervised
     worker: Supervised
+    ray_cluster: Supervised | None = None  # `--ray local:NxG`
 
     def supervise(self) -> list[str]:
         """Restart the server or the worker if it exited (after its backoff);
-        a line for the operator about each exit and restart."""
-        return [line for line in (self.server.check(), self.worker.check()) if line]
+        a line for the operator about each exit and restart (and the local
+        Ray cluster's exit: its runs fail over to a clear state, see docs/ray.md)."""
+        checks = [self.server.check(), self.worker.check(), self.ray_cluster.check() if self.ray_cluster else None]
+        return [line for line in checks if line]
 
 
 def free_port() -> int:
@@ -120,7 +124,7 @@ def database_url(url: str) -> str:
 @contextmanager
 def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
                 models: tuple[str, ...] | None = None, schedules: bool = True,
-                database: str | None = None) -> Iterator[LocalStack]:
+                database: str | None = None, ray: str | None = None) -> Iterator[LocalStack]:
     """Start the stack; `env` adds settings for the worker (e.g. the slot length);
     `schedules=False` deploys `pipeline/daily` with its schedule paused;
     `database` is the Prefect server's database URL (PostgreSQL), given to the
@@ -142,6 +146,7 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     server_env = dict(settings)
     if database:
         server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url(database)
+    ray_cluster = _ray_cluster(ray, settings, home, logs)
     server = Supervised("server", ["server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env,
                         logs / "server.log", home)
     worker = Supervised("worker", ["worker", "start", "--pool", POOL], settings, logs / "worker.log", home)
@@ -157,10 +162,42 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
                 deployed = deploy(POOL, models or MODELS)
                 deployed["pipeline/daily"] = deploy_pipeline(POOL, paused=not schedules)
         yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
-                         server, worker)
+                         server, worker, ray_cluster)
     finally:
         worker.stop()
         # flow runs still going: they checkpoint and stop
-        stop_processes_of(home, keep=(server.process.pid,) if server.process else ())
+        stop_processes_of(home, keep=tuple(p.process.pid for p in (server, ray_cluster) if p and p.process))
         server.stop(grace_s=8.0)
+        if ray_cluster is not None:
+            ray_cluster.stop(grace_s=15.0)
         os.umask(umask)
+
+
+def _ray_cluster(ray: str | None, settings: dict[str, str], home: Path, logs: Path) -> Supervised | None:
+    """`--ray ADDRESS`: the worker schedules that cluster. `--ray local:NxG`:
+    a loopback cluster of N nodes x G slots started here, stopped with the stack."""
+    from flows.training.ray_nodes import RAY_LOOPBACK_ENV
+    from scheduler_service.stack.ray_local import LOCAL_PREFIX, parse_local
+
+    if not ray:
+        return None
+    if not ray.startswith(LOCAL_PREFIX):
+        settings["ELASTICFLOW_RAY_ADDRESS"] = ray
+        os.environ.update(settings)
+        return None
+    parse_local(ray)  # a bad spec fails here, before anything starts
+    address_file = home / "ray-address"
+    address_file.unlink(missing_ok=True)
+    cluster = Supervised("local Ray cluster", [ray, str(address_file)], {**settings, RAY_LOOPBACK_ENV: "0"},
+                         logs / "ray.log", home, module="scheduler_service.stack.ray_local", restart=False)
+    cluster.start()
+    assert cluster.process is not None
+    give_up = time.monotonic() + 180
+    while not address_file.exists():
+        if cluster.process.poll() is not None or time.monotonic() > give_up:
+            cluster.stop()
+            raise RuntimeError(f"the local Ray cluster did not start (log {logs / 'ray.log'})")
+        time.sleep(0.2)
+    settings.update({"ELASTICFLOW_RAY_ADDRESS": address_file.read_text().strip(), RAY_LOOPBACK_ENV: "0"})
+    os.environ.update(settings)
+    return cluster

@@ -38,7 +38,7 @@ def _child_setup() -> None:
 
 @dataclass
 class Supervised:
-    """One process the stack keeps running: `python -m prefect <args>`."""
+    """One process the stack keeps running: `python -m <module> <args>` (Prefect's CLI unless said)."""
 
     name: str
     args: list[str]
@@ -52,11 +52,13 @@ class Supervised:
     restart_at: float | None = None  # when an exited process is due to start again
     restarts: int = field(default=0)
     stopped: bool = False  # by the stack: not to be restarted
+    module: str = "prefect"
+    restart: bool = True  # False: an exit is reported, not mended (a local Ray cluster's address would change)
 
     def start(self) -> None:
         with open(self.log, "ab", opener=lambda name, flags: os.open(name, flags, 0o600)) as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "prefect", *self.args], env={**os.environ, **self.env}, stdout=log,
+                [sys.executable, "-m", self.module, *self.args], env={**os.environ, **self.env}, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=_child_setup,
             )
@@ -77,6 +79,9 @@ class Supervised:
             if code is None:
                 return None
             ran_s = now - self.started_t
+            if not self.restart:
+                self.stopped = True
+                return f"the {self.name} exited with status {code} after {ran_s:.0f} s (log {self.log})"
             self.quick_exits = 0 if ran_s >= HEALTHY_S else self.quick_exits + 1
             wait_s = BACKOFF_S[min(max(self.quick_exits - 1, 0), len(BACKOFF_S) - 1)]
             self.restart_at = now + wait_s

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.cancellation import Cancellations, Step, Stop, is_flow_process, process_id
 
 log = logging.getLogger("prefect.workers.elasticflow.backend")  # shown with the worker's own lines
@@ -44,6 +45,12 @@ class ExecutionBackend(Protocol):
 
     def open(self, home: Path) -> None:
         """Start what makes launches fast (a warm-start server); called once."""
+
+    def cluster(self) -> Cluster | None:
+        """The cluster as the backend sees it (None: the operator's cluster file, or this machine)."""
+
+    def changed(self, now: float) -> Cluster | None:
+        """The cluster, if nodes joined or left since the last look."""
 
     def close(self) -> None:
         """Stop taking launches; running runs keep going."""
@@ -89,6 +96,12 @@ class LocalProcesses:
         process, path = launch(home)
         self._forkserver = process, path
         log.info("warm start: fork server pid %d at %s (log %s)", process.pid, path, home / "logs" / "forkserver.log")
+
+    def cluster(self) -> Cluster | None:
+        return None
+
+    def changed(self, now: float) -> Cluster | None:
+        return None
 
     def close(self) -> None:
         if self._forkserver is not None:  # it stops taking runs; the running ones keep their relay
@@ -194,5 +207,9 @@ class Identified:
 
 
 def backend_for(settings: Any) -> ExecutionBackend:
-    """The backend the settings ask for (only local processes so far)."""
+    """Ray's nodes when the settings name a Ray cluster, else this machine."""
+    if settings.ray_address:
+        from scheduler_service.worker.ray_backend import RayBackend
+
+        return RayBackend(settings.ray_address, warm_start=settings.warm_start)
     return LocalProcesses(warm_start=settings.warm_start)

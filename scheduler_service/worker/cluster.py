@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.training.control import GpuSlot
 from scheduler_service.policy.jobs import floor_pow2
 from scheduler_service.policy.topology import Topology
 from scheduler_service.inputfiles import load_cluster
@@ -32,6 +33,11 @@ class Cluster:
     device: str  # "cuda" or "cpu" (a "GPU" is then a worker slot)
     nodes: tuple[str, ...]  # node names, index = Topology.node_of(gpu)
     source: str
+    slots: tuple[GpuSlot, ...] = ()  # on a Ray cluster: where each GPU id is (index = GPU id)
+
+    def locate(self, gpus: tuple[int, ...]) -> list[GpuSlot] | None:
+        """Where `gpus` are, for a run's command (None on one machine)."""
+        return [self.slots[g] for g in gpus] if self.slots else None
 
     def publish(self, home: Path) -> None:
         """`cluster.json` in the home, for readers that must not guess the

@@ -76,6 +76,8 @@ async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> 
         run = worker.runs.get(run_id)
         if run is not None:
             run.projected_finish = finish
+    for run in result.downgraded:
+        await _no_longer_guaranteed(worker, run)
     gate = anyio.Semaphore(worker.settings.publish_concurrency)
 
     async def one(decision: Decision, run: RunState) -> None:
@@ -90,6 +92,19 @@ async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> 
             run = worker.runs.get(decision.job_id)
             if run is not None:
                 group.start_soon(one, decision, run)
+
+
+async def _no_longer_guaranteed(worker: ElasticFlowWorker, run: RunState) -> None:
+    """An admitted run the policy can no longer guarantee (the cluster shrank,
+    or a restarted service found it late): it carries on best-effort, and
+    says so on its page; it is never dropped."""
+    text = ("its deadline can no longer be guaranteed on the cluster as it is now; it carries on best-effort "
+            "and keeps its place")
+    log.warning("flow run %s: %s", run.run_id, text)
+    worker.store.upsert_job(run.run_id, share=None, message=text)
+    await worker.publisher.labels(run.run_id, {"elasticflow.mss": "best-effort", "elasticflow.guarantee": "lost"})
+    worker.publisher.event(run.run_id, "elasticflow.guarantee.lost", {"message": text, "deadline": iso(run.deadline)})
+    tell(worker, run, text, warning=True)
 
 
 async def _admitted(worker: ElasticFlowWorker, run: RunState, decision: Decision, result: PlanResult,

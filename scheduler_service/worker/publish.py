@@ -45,11 +45,17 @@ class Publisher:
         self.related = related  # () -> list of related resources (worker, work pool)
 
     def event(self, run_id: str, event: str, payload: dict[str, Any], nodes: list[str] | None = None) -> None:
+        self._emit(f"prefect.flow-run.{run_id}", event, payload, nodes)
+
+    def cluster_event(self, event: str, payload: dict[str, Any], nodes: list[str]) -> None:
+        """About the cluster itself (nodes joined or lost), on the cluster's resource."""
+        self._emit("elasticflow.cluster", event, payload, nodes)
+
+    def _emit(self, resource: str, event: str, payload: dict[str, Any], nodes: list[str] | None) -> None:
         related = [dict(r) for r in self.related()]
         related += [{"prefect.resource.id": f"elasticflow.node.{node}", "prefect.resource.role": "node"}
                     for node in nodes or []]
-        emit_event(event=event, resource={"prefect.resource.id": f"prefect.flow-run.{run_id}"},
-                   related=related, payload=payload)
+        emit_event(event=event, resource={"prefect.resource.id": resource}, related=related, payload=payload)
 
     async def labels(self, run_id: str, labels: dict[str, Any]) -> None:
         try:

@@ -21,6 +21,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
+
+from flows.training.control import GpuSlot
 
 from scheduler_service.contracts import AllocationAction
 from scheduler_service.policy import Decision, JobStatus, SchedulingPolicy, SchedulingRequest
@@ -58,6 +61,7 @@ class PlanResult:
     projected_finish: dict[str, float]
     seconds: float  # wall time of the policy call
     arrivals: dict[str, RunState] = field(default_factory=dict)  # the runs these decisions are about
+    downgraded: list[RunState] = field(default_factory=list)  # guaranteed before, best-effort now
 
 
 @dataclass
@@ -70,6 +74,8 @@ class Scheduler:
     # GPUs held by the service itself (profiling a new model): no run is
     # launched or grown onto them until they are given back.
     reserved: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Where GPU ids are, for a command on a cluster of several machines (None: this one).
+    locate: Callable[[tuple[int, ...]], list[GpuSlot] | None] = field(default=lambda gpus: None)
 
     # -- inputs ----------------------------------------------------------------
     def arrive(self, run: RunState) -> None:
@@ -164,11 +170,14 @@ class Scheduler:
         seconds = time.perf_counter() - started
         admitted = {d.job_id: d for d in reply.decisions if d.admitted}
         adopted = {run.run_id for run in arrivals if run.adopted}
+        downgraded: list[RunState] = []
         for run in arrivals:
             if run.run_id in admitted:
                 run.share = admitted[run.run_id].share
                 self.runs[run.run_id] = run
             elif run.run_id in adopted:  # next slot, as best-effort
+                if run.job.deadline is not None:
+                    downgraded.append(run)
                 run.plan_with(None)
                 self.arrivals.append(run)
         for run_id in finished:
@@ -179,7 +188,7 @@ class Scheduler:
             run.target = reply.placement.gpus(run_id) if gpus else ()
         decisions = [d for d in reply.decisions if d.admitted or d.job_id not in adopted]
         return PlanResult(decisions, reply.allocation, reply.projected_finish, seconds,
-                          {run.run_id: run for run in arrivals})
+                          {run.run_id: run for run in arrivals}, downgraded)
 
     # -- placement -> physical GPUs, every poll --------------------------------
     def actuate(self, now: float) -> list[Action]:
@@ -243,8 +252,41 @@ class Scheduler:
         return left_s <= self.policy.clock.overhead(max(1, len(target)))
 
     def _command(self, run: RunState, gpus: tuple[int, ...], now: float) -> None:
-        command = run.channel.request("rescale", list(gpus))
+        command = run.channel.request("rescale", list(gpus), placement=self.locate(gpus) if gpus else None)
         run.pending_seq, run.commanded, run.since = command.seq, gpus, now
+
+    # -- the cluster changed (a node joined, left or died) ----------------------
+    def rebase(self, policy: SchedulingPolicy, mapping: dict[int, int]) -> list[RunState]:
+        """Go on with `policy`, made for the new cluster; `mapping` takes each
+        old GPU id that still exists to its new one. Every admitted run is
+        re-planned as after a restart (adopted: never rejected, best-effort if
+        no longer guaranteed). A run that lost GPUs with a node lost its ranks:
+        it waits for a new placement, and the GPUs it had on the nodes left stay
+        held until it acknowledges one. Returns those runs."""
+        def moved(gpus: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(sorted(mapping[g] for g in gpus if g in mapping))
+
+        lost = []
+        old_runs, old_arrivals = self.runs, self.arrivals
+        self.policy, self.runs, self.arrivals, self.last_slot = policy, {}, [], None
+        self.reserved = {name: moved(gpus) for name, gpus in self.reserved.items()
+                         if len(moved(gpus)) == len(gpus)}
+        for run in old_runs.values():
+            whole = all(g in mapping for g in (*run.held, *run.commanded))
+            run.held, run.target = moved(run.held), ()
+            run.commanded = moved(run.commanded) if whole else ()
+            if not whole:
+                lost.append(run)
+            if run.phase == Phase.FINISHED:
+                continue
+            if run.stopping:
+                self.runs[run.run_id] = run  # told to stop: holds its GPUs until it has
+                continue
+            self.adopt(run, running=run.phase == Phase.RUNNING)
+        for run in old_arrivals:
+            if run.run_id not in {r.run_id for r in self.arrivals}:
+                self.arrivals.append(run)
+        return lost
 
     # -- the service's own use of GPUs ------------------------------------------
     def reserved_gpus(self) -> set[int]:

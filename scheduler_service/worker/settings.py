@@ -71,6 +71,9 @@ class WorkerSettings(BaseSettings):
         "", "remote checkpoint stores runs may name, by fsspec scheme (`,`-separated, e.g. `s3,gs`)", "none")
     cluster: Path | None = _setting(None, "cluster file", "`infra/cluster.csv` or this machine")
     cpu_slots: int | None = _setting(None, "worker slots on a CPU-only machine", "CPU count", ge=1)
+    ray_address: str | None = _setting(
+        None, "a Ray cluster (`host:port` of its head): its live nodes are the cluster and each run's ranks run "
+        "on them (docs/ray.md)", "none: this machine")
 
     @field_validator("policy")
     @classmethod

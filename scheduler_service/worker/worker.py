@@ -29,7 +29,7 @@ from scheduler_service.contracts import AllocationAction, Rejection, ServiceReas
 from scheduler_service.policy import make_policy
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.worker import cluster as cluster_mod
-from scheduler_service.worker import decisions, intake, recovery, stopping
+from scheduler_service.worker import decisions, intake, membership, recovery, stopping
 from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
 from scheduler_service.worker.cluster_view import ClusterView, show_cluster
 from scheduler_service.worker.configuration import (
@@ -80,11 +80,11 @@ class ElasticFlowWorker(ProcessWorker):
         # the one taken back within a slot: the slot must exceed two restarts.
         self.overhead = RestartOverhead(stop_s=0.5, restart_s=settings.restart_s, per_level_s=0.0)
         self.start_cost = StartCost(self.overhead, settings.launch_s)
-        self.cluster = cluster_mod.load(settings.cluster, settings.cpu_slots)
+        self.backend = backend_for(settings)
+        self.cluster = self.backend.cluster() or cluster_mod.load(settings.cluster, settings.cpu_slots)
         self.policy = make_policy(settings.policy, self.cluster.topology, interval=self.interval,
                                   overhead=self.overhead)
-        self.scheduler = Scheduler(self.policy)
-        self.backend = backend_for(settings)
+        self.scheduler = Scheduler(self.policy, locate=lambda gpus: self.cluster.locate(gpus))
         topology = self.cluster.topology
         self.profiler = Profiler(self.scheduler, measure_in_processes(
             self.cluster.device, settings.profile_iterations, settings.profile_timeout_s), topology.num_gpus,
@@ -162,6 +162,9 @@ class ElasticFlowWorker(ProcessWorker):
                     (outcome.reason or ServiceReason.PROFILING_FAILED).value, outcome.message, None))
             else:
                 self._ready(outcome.run, outcome.points, now)
+        changed = await anyio.to_thread.run_sync(self.backend.changed, now)
+        if changed is not None:
+            membership.follow(self, changed)
         result = self.scheduler.plan(now)
         if result is not None:
             await decisions.publish(self, result, now)

@@ -1,0 +1,137 @@
+"""Runs on a Ray cluster: the cluster is Ray's live nodes, ranks run on them.
+
+The flow process of a run stays where Prefect's worker starts it (this
+machine, as with `LocalProcesses`) and coordinates; its DDP ranks are Ray
+actors on the nodes of the placement (`flows.training.ray_ranks`). The
+service reads the topology from Ray, follows nodes that join, leave or die
+(`changed`), and names each GPU id by node and device in every command.
+
+GPU ids are positions in the current topology: node-major over the usable
+nodes in the order they were first seen, so a joining node appends and a
+lost one closes ranks behind it (the worker re-plans every run then).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flows.training.ray_nodes import RAY_LOOPBACK_ENV, RayNode, is_loopback, loopback_before_import, read_nodes
+from scheduler_service.policy.topology import Topology
+from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, Placement
+from scheduler_service.worker.cancellation import Stop
+from scheduler_service.worker.cluster import Cluster
+
+log = logging.getLogger("prefect.workers.elasticflow.ray")
+RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"
+NAMESPACE = "elasticflow"  # the ranks' actors, named `<flow run id>/rank-<n>` (flows.training.ray_ranks)
+
+
+class RayBackend(LocalProcesses):
+    name = "ray"
+
+    def __init__(self, address: str, warm_start: bool = True, refresh_s: float = 1.0) -> None:
+        super().__init__(warm_start=warm_start)
+        self.address = address
+        self.refresh_s = refresh_s
+        self.order: list[str] = []  # node ids, first seen first
+        self.told: dict[str, str] = {}  # node name -> why it is left out, said once
+        self._checked = 0.0
+        self._cluster: Cluster | None = None
+        loopback_before_import(address)
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+
+    # -- the cluster -----------------------------------------------------------
+    def cluster(self) -> Cluster:
+        """The usable nodes now, as the service's cluster."""
+        import ray
+
+        nodes, excluded = read_nodes(ray.nodes())
+        for node in excluded:
+            if self.told.get(node.name) != node.reason:
+                log.warning("Ray node %s left out of the cluster: %s", node.name, node.reason)
+                self.told[node.name] = node.reason
+        known = {n.node_id: n for n in nodes}
+        self.order = [i for i in self.order if i in known] + sorted(
+            (i for i in known if i not in self.order), key=lambda i: (known[i].name, i))
+        ordered = [known[i] for i in self.order]
+        self._cluster = _as_cluster(ordered, self.address)
+        return self._cluster
+
+    def changed(self, now: float) -> Cluster | None:
+        """The cluster, when its usable nodes differ from the last look (at
+        most every `refresh_s`)."""
+        if now - self._checked < self.refresh_s or self._cluster is None:
+            return None
+        self._checked = now
+        before = self._cluster
+        after = self.cluster()
+        return after if after.slots != before.slots else None
+
+    # -- runs ------------------------------------------------------------------
+    def prepare(self, env: dict[str, str], placement: Placement) -> None:
+        super().prepare(env, placement)
+        env[RAY_ADDRESS_ENV] = self.address
+        env["ELASTICFLOW_WORLD_SIZE"] = "0"  # no local standby ranks: the ranks are Ray actors on the nodes
+        if is_loopback(self.address):
+            env[RAY_LOOPBACK_ENV] = "0"
+
+    def infrastructure_id(self, pid: int) -> str:
+        """The coordinating process (`host:pid`) and the Ray cluster its ranks are on."""
+        return f"ray://{self.address}/{NAMESPACE}|{self.host}:{pid}"
+
+    def _local_pid(self, infrastructure_id: str | None) -> int | None:
+        return super()._local_pid(str(infrastructure_id).rsplit("|", 1)[-1] if infrastructure_id else None)
+
+    def kill(self, infrastructure_id: str, run_id: str | None, grace_s: float) -> None:
+        """Stop the coordinating process (its ranks end with it, Ray's fate
+        sharing), then any rank actor of the run still there, on every node."""
+        try:
+            super().kill(infrastructure_id, run_id, grace_s)
+            gone = None
+        except InfrastructureGone as exc:
+            gone = exc
+        if run_id is not None:
+            self.kill_ranks(run_id)
+        if gone is not None:
+            raise gone
+
+    def forget(self, run_id: str) -> Stop | None:
+        """The coordinating process is gone; so must its ranks be (they are, unless Ray lags)."""
+        self.kill_ranks(run_id)
+        return super().forget(run_id)
+
+    def kill_ranks(self, run_id: str, timeout_s: float = 15.0) -> int:
+        """Kill the run's rank actors left anywhere; how many there were."""
+        import ray
+
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == NAMESPACE and str(a.get("name", "")).startswith(f"{run_id}/")]
+        for name in names:
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            except ValueError:  # gone meanwhile
+                continue
+        give_up = time.monotonic() + timeout_s
+        while names and time.monotonic() < give_up:
+            left = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+            if not left & set(names):
+                break
+            time.sleep(0.2)
+        if names:
+            log.info("flow run %s: killed %d rank actor(s) left on the Ray cluster", run_id, len(names))
+        return len(names)
+
+
+def _as_cluster(nodes: list[RayNode], address: str) -> Cluster:
+    if not nodes:
+        raise RuntimeError(f"the Ray cluster at {address} has no usable node (see the lines above); start GPU "
+                           "nodes, or CPU nodes with --resources '{\"elasticflow_slots\": N}' (docs/ray.md)")
+    per_node = nodes[0].gpus
+    topology = Topology(1, len(nodes), per_node)
+    slots = tuple(slot for node in nodes for slot in node.slots())
+    return Cluster(topology, nodes[0].device, tuple(n.name for n in nodes), f"Ray cluster at {address}", slots)
+

@@ -50,6 +50,14 @@ class PlacementError(RuntimeError):
     """A rank is not where the placement says (or cannot get there)."""
 
 
+class CheckpointStoreNotShared(ValueError):
+    """Ranks on other machines cannot reach a local checkpoint folder."""
+
+
+def _is_local_path(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
 def connect(address: str) -> None:
     """Join the Ray cluster as a driver (once per process)."""
     if not ray.is_initialized():
@@ -317,6 +325,12 @@ class RaySegment:
         for rank, (slot, where) in enumerate(zip(self.placement, self.where)):
             if where["node"] != slot.node:  # hard affinity makes this impossible; check anyway
                 raise PlacementError(f"rank {rank} landed on node {where['node']}, not {slot.node} ({slot.name})")
+        elsewhere = sorted({w["host"] for w in self.where} - {socket.gethostname()})
+        if elsewhere and _is_local_path(self.spec.checkpoint_url):
+            raise CheckpointStoreNotShared(
+                f"checkpoint_store {self.spec.checkpoint_url!r} is a folder on {socket.gethostname()}, but ranks of "
+                f"this run are on {', '.join(elsewhere)}: set the CheckpointStore block's url (or the run's "
+                "checkpoint_store) to a URL every node reaches, e.g. s3://bucket/checkpoints")
         master_ip = self.where[0]["ip"]
         port = ray.get(self.actors[0].free_port.remote(master_ip))
         local_rank: dict[str, int] = {}

@@ -61,3 +61,71 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
         assert set(str(run.labels.get("elasticflow.nodes")).split(",")) == {"ray-node-0", "ray-node-1"}
         log = worker_log.read_text()
         assert "launched on 4 GPUs" in log and "ray-node-0" in log and "ray-node-1" in log
+
+
+def _raylet_of(node_name: str, gcs_address: str) -> int:
+    """The raylet process of one node of the stack's local cluster."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith("/raylet") and f"--node-name={node_name}" in " ".join(cmdline) \
+                and f"--gcs-address={gcs_address}" in cmdline:
+            return int(proc.name)
+    raise AssertionError(f"no raylet of {node_name} at {gcs_address}")
+
+
+def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flow_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import os
+    import signal
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from scheduler_service.stack.local import free_port, local_stack
+    from scheduler_service.store import save_curve
+
+    settings = stack_settings(tmp_path)
+    del settings["ELASTICFLOW_CLUSTER"]
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    home, port = tmp_path / "home", free_port()
+    with local_stack(home, port, env=settings, models=("mlp",), ray="local:2x2") as stack, \
+            temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
+        worker_log = stack.logs / "worker.log"
+        wait_until(lambda: "started!" in worker_log.read_text(errors="replace"), 180, "the worker to start")
+        save_curve("mlp", 32, CURVE)
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=900)
+        run = run_deployment("train/mlp", timeout=0, parameters={
+            "iterations": 20000, "deadline": deadline.isoformat(), "checkpoint_interval": 200})
+        run_id = str(run.id)
+
+        def iteration() -> int:
+            try:
+                return int(json.loads((home / "control" / run_id / "status.json").read_text()).get("iteration", 0))
+            except (OSError, ValueError):
+                return 0
+
+        wait_until(lambda: "launched on 4 GPUs" in worker_log.read_text(), 180, "the run to launch on 4 GPUs")
+        wait_until(lambda: iteration() > 600, 180, "the run to train")
+        os.kill(_raylet_of("ray-node-1", os.environ["ELASTICFLOW_RAY_ADDRESS"]), signal.SIGKILL)
+        wait_until(lambda: "cluster changed: lost ray-node-1" in worker_log.read_text(), 120,
+                   "the worker to see the node gone")
+
+        def final() -> object:
+            with get_client(sync_client=True) as client:
+                found = client.read_flow_run(run.id)
+            return found if found.state is not None and found.state.is_final() else None
+
+        ended = wait_until(final, 400, "the run to finish")
+        assert ended.state.is_completed(), (ended.state, worker_log.read_text()[-3000:])
+        assert ended.run_count == 1  # the same flow run
+        assert iteration() == 20000
+        assert ended.labels.get("elasticflow.nodes") == "ray-node-0"  # where it finished
+        assert "1 switch x 1 nodes x 2 GPUs" in worker_log.read_text()

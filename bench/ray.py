@@ -1,0 +1,157 @@
+"""Ray backend against the local one, in one run on the same machine (issue 12).
+
+(a) Deployment run -> first iteration: `train/mlp` with a deadline that only
+    2 slots meet (a seeded profile), submitted to the stack as `elasticflow up`
+    runs it, once with local ranks (2 slots on this machine) and once with
+    `--ray` (a 2 nodes x 2 slots loopback Ray cluster); from the run's creation
+    to its first iteration (the first `status.json` its flow process writes,
+    at rank 0's first progress line). Median of `--runs`.
+(b) A resize's cost: the runtime alone (`run_training`, no scheduler) resized
+    2 -> 4 -> 2 slots, local and on Ray: stop seen at an iteration boundary ->
+    new segment ready for its first iteration. On Ray the 4-slot segment spans
+    both nodes. Median over the resizes of `--runs` runs.
+Also printed, to explain the difference: the first segment's phases (launch
+-> ranks up with torch imported -> process group -> model and data -> checkpoint
+restored -> first iteration) on each backend.
+Targets: Ray's first iteration within 1.5x of local, a resize within 2x.
+Reported, not asserted. Run: .venv/bin/python bench/ray.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# This file is named ray.py: its folder first on sys.path would shadow the ray package.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray: the cluster is on loopback
+
+CURVE = {1: 10.0, 2: 19.0}  # 3000 iterations due in 240 s: 1 slot 300 s, 2 slots 158 s -> 2 slots
+PHASES = [("launch -> ranks up (torch imported)", "launch_t", "imported_t"),
+          ("-> process group", "imported_t", "rendezvous_t"),
+          ("-> model and data", "rendezvous_t", "ready_t"),
+          ("-> checkpoint restored", "ready_t", "loaded_t"),
+          ("-> first iteration", "loaded_t", "first_iteration_t")]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def resize_runs(tmp: Path, ray_address: str | None, runs: int) -> tuple[list[float], list[dict[str, float]]]:
+    from flows.training.params import TrainParameters
+    from flows.training.runtime import run_training
+
+    if ray_address:
+        os.environ["ELASTICFLOW_RAY_ADDRESS"] = ray_address
+    else:
+        os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
+    seconds, phases = [], []
+    for i in range(runs):
+        root = tmp / f"{'ray' if ray_address else 'local'}-{i}"
+        params = TrainParameters(
+            model="mlp", hyperparameters={"global_batch_size": 32, "max_micro_batch": 8, "learning_rate": 0.01},
+            iterations=450, checkpoint_interval=1000, checkpoint_store=str(root / "ck"),
+            control_dir=str(root / "ctl"), device="cpu", gpu_plan=[[0, 1], [0, 1, 2, 3], [0, 1]],
+            switch_at=[150, 300])
+        result = run_training(params, f"bench-{i}")
+        seconds += [r.seconds for r in result.rescales if r.seconds is not None]
+        t = result.segments[0].timings.model_dump()
+        phases.append({name: t[b] - t[a] for name, a, b in PHASES if t.get(a) and t.get(b)})
+    os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
+    return seconds, phases
+
+
+def first_iterations(tmp: Path, ray: str | None, runs: int) -> list[float]:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from scheduler_service.stack.local import free_port, local_stack
+    from scheduler_service.store import save_curve
+
+    home = tmp / ("stack-ray" if ray else "stack-local")
+    settings = {"ELASTICFLOW_HOME": str(home), "ELASTICFLOW_INTERVAL_S": "2", "ELASTICFLOW_RESTART_S": "0.5",
+                "ELASTICFLOW_LAUNCH_S": "0"}
+    if not ray:
+        settings["ELASTICFLOW_CLUSTER"] = str(ROOT / "infra" / "local-cpu2.csv")
+    out = []
+    with local_stack(home, free_port(), env=settings, models=("mlp",), ray=ray) as stack, \
+            temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
+        log = stack.logs / "worker.log"
+        while "started!" not in log.read_text(errors="replace"):
+            time.sleep(0.2)
+        save_curve("mlp", 32, CURVE)
+        for _ in range(runs + 1):  # the first warms the worker's and the fork server's imports: not counted
+            deadline = datetime.now(timezone.utc) + timedelta(seconds=240)
+            created = time.time()
+            run = run_deployment("train/mlp", timeout=0, parameters={
+                "iterations": 3000, "deadline": deadline.isoformat(), "checkpoint_interval": 1000})
+            status = home / "control" / str(run.id) / "status.json"
+            while True:
+                try:
+                    if json.loads(status.read_text()).get("iteration", 0) > 0:
+                        break
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.02)
+            out.append(time.time() - created)
+            while True:
+                with get_client(sync_client=True) as client:
+                    state = client.read_flow_run(run.id).state
+                if state is not None and state.is_final():
+                    break
+                time.sleep(0.3)
+    return out[1:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+
+    from scheduler_service.stack.ray_local import LocalRayCluster
+
+    tmp = Path(tempfile.mkdtemp(prefix="elasticflow-bench-ray-"))
+    started = time.perf_counter()
+    cluster = LocalRayCluster(2, 2)
+    print(f"local Ray cluster 2 nodes x 2 slots up in {time.perf_counter() - started:.1f} s at {cluster.address}")
+    try:
+        local_resize, local_phases = resize_runs(tmp, None, args.runs)
+        ray_resize, ray_phases = resize_runs(tmp, cluster.address, args.runs)
+        local_first = first_iterations(tmp, None, args.runs)
+        ray_first = first_iterations(tmp, cluster.address, args.runs)
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+    print("\nfirst segment, cold (median s):      local    Ray")
+    for name, _, _ in PHASES:
+        print(f"  {name:<36} {median([p.get(name, 0) for p in local_phases]):6.2f} "
+              f"{median([p.get(name, 0) for p in ray_phases]):6.2f}")
+    lf, rf, lr, rr = median(local_first), median(ray_first), median(local_resize), median(ray_resize)
+    print(f"\n(a) deployment run -> first iteration: local {lf:.2f} s, Ray {rf:.2f} s: "
+          f"ratio {rf / lf:.2f} (target <= 1.5)   [each {', '.join(f'{v:.2f}' for v in local_first)} | "
+          f"{', '.join(f'{v:.2f}' for v in ray_first)}]")
+    print(f"(b) resize 2 -> 4 -> 2 (stop seen -> ready): local {lr:.2f} s, Ray {rr:.2f} s: "
+          f"ratio {rr / lr:.2f} (target <= 2)   [each {', '.join(f'{v:.2f}' for v in local_resize)} | "
+          f"{', '.join(f'{v:.2f}' for v in ray_resize)}]")
+    print(json.dumps({"first_iteration_s": {"local": lf, "ray": rf, "ratio": rf / lf},
+                      "resize_s": {"local": lr, "ray": rr, "ratio": rr / lr}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -33,8 +33,28 @@ def _engine_for(url: str) -> Engine:
     # Importing the table modules registers them on SQLModel.metadata.
     from scheduler_service.store import throughput  # noqa: F401
 
-    SQLModel.metadata.create_all(engine)
+    _create_tables(engine)
     return engine
+
+
+def _create_tables(engine: Engine, attempts: int = 5) -> None:
+    """`create_all` checks for each table, then creates it: two processes
+    opening a fresh store at once (the worker and a CLI, two xdist workers)
+    both see it missing and the second `CREATE TABLE` fails. Once the other
+    one has made it, the check passes: try again."""
+    import time
+
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    for attempt in range(attempts):
+        try:
+            SQLModel.metadata.create_all(engine)
+            return
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            text = str(exc).lower()
+            if attempt == attempts - 1 or not ("already exists" in text or "duplicate" in text or "locked" in text):
+                raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def get_engine(url: str | None = None) -> Engine:

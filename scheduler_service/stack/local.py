@@ -170,6 +170,8 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
         server.stop(grace_s=8.0)
         if ray_cluster is not None:
             ray_cluster.stop(grace_s=15.0)
+        if ray:  # the calling process's own later runs are not on a cluster that is gone
+            os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
         os.umask(umask)
 
 

@@ -21,6 +21,7 @@ from scheduler_service.policy.topology import Topology
 from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, Placement
 from scheduler_service.worker.cancellation import Stop
 from scheduler_service.worker.cluster import Cluster
+from scheduler_service.worker.settings import SettingsError
 
 log = logging.getLogger("prefect.workers.elasticflow.ray")
 RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"
@@ -42,7 +43,11 @@ class RayBackend(LocalProcesses):
         import ray
 
         if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+            try:
+                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise SettingsError(f"ELASTICFLOW_RAY_ADDRESS={address}: cannot join the Ray cluster there "
+                                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
     # -- the cluster -----------------------------------------------------------
     def cluster(self) -> Cluster:

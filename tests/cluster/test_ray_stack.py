@@ -62,6 +62,46 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
         log = worker_log.read_text()
         assert "launched on 4 GPUs" in log and "ray-node-0" in log and "ray-node-1" in log
 
+        # Cancelled in the UI while it trains on both nodes: no rank is left on either.
+        from prefect.deployments import run_deployment
+        from prefect.states import Cancelling
+
+        save_curve("mlp", 32, {1: 1.0, 2: 1.9, 4: 3.6})  # a run that would take hours: planned on 4
+        long = run_deployment("train/mlp", timeout=0, parameters={
+            "iterations": 10_000_000, "deadline": (datetime.now(timezone.utc) + timedelta(days=40)).isoformat()})
+        wait_until(lambda: len(rank_actors(home)) >= 4, 180, "the run's 4 ranks")
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(long.id, Cancelling(message="not needed any more"), force=True)
+
+        def cancelled() -> object:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(long.id).state
+            return state is not None and state.is_cancelled()
+
+        wait_until(cancelled, 120, "the run to be Cancelled")
+        try:
+            wait_until(lambda: not rank_actors(home), 60, "its ranks to be gone")
+        except AssertionError:
+            left = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "-p", ",".join(map(str, rank_actors(home)))],
+                                  capture_output=True, text=True).stdout
+            raise AssertionError(f"rank actors left:\n{left}\n{worker_log.read_text()[-2500:]}") from None
+
+
+def rank_actors(home: Path) -> list[int]:
+    """PIDs of this stack's rank actors (Ray titles an actor's process
+    `ray::RankActor...`; its environment has the run's ELASTICFLOW_HOME) on any
+    node of this machine."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes().startswith(b"ray::RankActor") and \
+                        f"ELASTICFLOW_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
 
 def _raylet_of(node_name: str, gcs_address: str) -> int:
     """The raylet process of one node of the stack's local cluster."""

@@ -68,6 +68,10 @@ def test_gpu_ids_follow_their_node_when_another_node_goes() -> None:
     assert renumbering(old, new) == {0: 0, 1: 1, 4: 2, 5: 3}  # n1's GPUs 2, 3 are gone
 
 
+def test_a_node_that_joins_adds_gpus_after_those_there_were() -> None:
+    assert renumbering(_cluster("n0"), _cluster("n0", "n1")) == {0: 0, 1: 1}
+
+
 def _run(tmp: Path, run_id: str, iterations: float, deadline: float | None) -> RunState:
     return RunState(run_id, Job(run_id, T0, iterations, deadline, CURVE), FileControlChannel(run_id, tmp))
 

@@ -49,11 +49,17 @@ def ray_address(ray_cluster: LocalRayCluster, monkeypatch: pytest.MonkeyPatch) -
     """The cluster's address in ELASTICFLOW_RAY_ADDRESS, with both nodes up."""
     from flows.training.ray_ranks import connect
 
+    import ray
+
     monkeypatch.setenv("ELASTICFLOW_RAY_ADDRESS", ray_cluster.address)
     connect(ray_cluster.address)
     while len(alive_nodes()) < NODES:
         ray_cluster.add_node()
     yield ray_cluster.address
+    # Not connected between tests: a driver's threads print what the cluster
+    # says (a dead node's errors...) into the output pytest captures for
+    # whichever test this process runs next.
+    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -213,8 +213,12 @@ def test_a_run_cancelled_while_no_worker_watches_is_adopted_stopped_with_a_check
     assert f"adopted running flow run {run_id}" in stack.worker_log.read_text()
     run = stack.wait_final(run_id, 90)
     assert run.state.is_cancelled() and run.state.message == "not needed any more", f"{run.state!r}\n{stack.log_tail()}"
-    assert f"flow run {run_id} is Cancelling and Prefect's worker does not stop it: told it to stop" in \
-        stack.worker_log.read_text()
+    # Told to stop through its control channel: at adoption, or by the first
+    # poll's watch of Cancelling runs, whichever comes first on a busy machine.
+    from flows.training.control import FileControlChannel
+
+    command = FileControlChannel(run_id, stack.home / "control").latest()
+    assert command is not None and command.action == "stop", command
     assert "Crashed" not in _state_names(run_id)  # stopped through its control channel, not by a signal
     done = CheckpointStorage(str(stack.home / "checkpoints")).iterations(run_id)
     assert done and 5 < done[-1] < 200_000  # written on the way out, not by the interval

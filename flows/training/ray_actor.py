@@ -1,0 +1,152 @@
+"""What runs on the Ray nodes: a rank actor, and the small tasks the
+coordinating flow process pins on a node (is it up, are a segment's
+processes gone). See `flows.training.ray_ranks` for the coordinator's side.
+
+A rank actor is one DDP rank for one segment: it says where it landed, then
+trains with the same `Worker` a local rank process uses, from a folder of
+its own on its node (0700; spec, progress, log). Threaded, so that
+`progress` and `stop` are answered while `run` trains.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flows.training.ray_nodes import loopback_before_import
+
+loopback_before_import(os.environ.get("ELASTICFLOW_RAY_ADDRESS"))
+
+import ray  # noqa: E402
+
+from flows.training.segment import SegmentSpec  # noqa: E402
+
+
+class PlacementError(RuntimeError):
+    """A rank is not where the placement says (or cannot get there)."""
+
+
+def interface_of(ip: str) -> str:
+    """The network interface holding `ip` (Linux): the collectives bind there."""
+    if ip.startswith("127."):
+        return "lo"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    raise PlacementError(f"no interface holds {ip}")
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class RankActor:
+    """One rank. Threaded: `progress` and `stop` are answered while `run` trains."""
+
+    def __init__(self) -> None:
+        import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
+
+        os.umask(0o077)  # checkpoints, logs, progress: private
+        self.dir: Path | None = None
+
+    def where(self) -> dict[str, Any]:
+        ip = ray.util.get_node_ip_address()
+        return {"node": ray.get_runtime_context().get_node_id(), "ip": ip, "pid": os.getpid(),
+                "host": socket.gethostname(), "interface": interface_of(ip)}
+
+    def free_port(self, ip: str) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((ip, 0))
+            return int(sock.getsockname()[1])
+
+    def run(self, spec_json: str, env: dict[str, str]) -> str:
+        """Train the segment as rank `RANK`; rank 0 returns the result."""
+        import torch
+
+        from flows.training import rank as rank_mod
+
+        os.environ.update(env)
+        rank_mod._parent_pid = None  # its parent is its node's raylet; Ray ends it with its owner, the flow process
+        self.dir = Path(tempfile.mkdtemp(prefix="elasticflow-rank-"))
+        handler = logging.FileHandler(self.dir / "rank.log")
+        handler.setFormatter(logging.Formatter(f"%(asctime)s rank={env['RANK']} %(name)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+        spec = SegmentSpec.model_validate_json(spec_json)
+        if spec.device == "cuda" and torch.cuda.device_count() != 1:
+            raise PlacementError(f"rank {env['RANK']} sees {torch.cuda.device_count()} CUDA devices, not GPU "
+                                 f"{env['CUDA_VISIBLE_DEVICES']} alone")
+        (self.dir / "spec.json").write_text(spec_json)
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        worker = rank_mod.Worker(spec, self.dir, rank, world)
+        worker.setup()
+        worker.restore()
+        start = worker.iteration
+        reason = worker.train()
+        worker.report(start, reason)
+        torch.distributed.barrier()  # every rank is past its last collective; the process ends with the actor
+        return (self.dir / "result.json").read_text() if rank == 0 else ""
+
+    def progress(self, offset: int) -> tuple[list[dict[str, float]], int]:
+        """Rank 0's progress lines from byte `offset` on."""
+        path = self.dir / "progress.jsonl" if self.dir else None
+        if path is None or not path.exists():
+            return [], offset
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+
+    def stop(self, terminate: bool) -> None:
+        """Stop at the next iteration boundary: the scheduler's stop, or the run's end."""
+        from flows.training import rank as rank_mod
+
+        if terminate:
+            rank_mod._terminated = True
+        else:
+            rank_mod._stop_asked = True
+
+    def cleanup(self) -> None:
+        """The segment ended well: its folder (spec, progress, log) is not needed."""
+        import shutil
+
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        path = self.dir / "rank.log" if self.dir else None
+        return path.read_text(errors="replace")[-chars:] if path and path.exists() else ""
+
+
+@ray.remote(num_cpus=0)
+def await_exit(pids: list[int], timeout_s: float) -> list[int]:
+    """On the ranks' node: wait for their processes to be gone; those still there."""
+    def there(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    give_up = time.monotonic() + timeout_s
+    while any(there(p) for p in pids) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return [p for p in pids if there(p)]
+
+
+@ray.remote(num_cpus=0)
+def node_id_here() -> str:
+    return ray.get_runtime_context().get_node_id()

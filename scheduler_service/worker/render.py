@@ -226,7 +226,9 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     # Narrow enough for the Prefect UI's artifact column (about 700 pixels in
     # a 1280-pixel window): the outlook second, with the run's phase when it
     # is not simply running; its id, model and iteration counts are on its own page.
-    header = ["job", "outlook", "progress", "projected finish", "deadline", "MSS", "GPUs"]
+    # "finish" is the projected finish (the legend says so): the longer header
+    # alone decided its column's width, and a long run name then overflowed.
+    header = ["job", "outlook", "progress", "finish", "deadline", "MSS", "GPUs"]
     rows = []
     for job in sorted(snapshot.jobs, key=_order):
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
@@ -259,7 +261,7 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
         f"**{summary}**", "",
         "## GPUs", "", gpu_map_markdown(snapshot), "",
         "## Jobs", "", jobs_markdown(snapshot, margin), "",
-        (f"_MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
+        (f"_Finish: projected finish. MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
          f"At risk: projected finish within {_duration(margin)} of the deadline._"),
     ])
 

@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 
 from flows.training.params import TrainParameters  # noqa: E402
 from scheduler_service.stack.ray_local import LocalRayCluster  # noqa: E402
+from tests.runtime.conftest import small_mlp  # noqa: E402
 
 NODES, SLOTS = 2, 2
 
@@ -71,17 +72,5 @@ def elasticflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
-    def make(**overrides: Any) -> TrainParameters:
-        values: dict[str, Any] = dict(
-            model="mlp",
-            hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
-            iterations=60,
-            checkpoint_interval=5,
-            checkpoint_store=str(tmp_path / "checkpoints"),
-            control_dir=str(tmp_path / "control"),
-            device="cpu",
-        )
-        values.update(overrides)
-        return TrainParameters(**values)
-
-    return make
+    """The runtime tests' small MLP, 60 iterations, a checkpoint every 5."""
+    return lambda **overrides: small_mlp(tmp_path, **{"iterations": 60, "checkpoint_interval": 5, **overrides})

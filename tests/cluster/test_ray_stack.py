@@ -7,8 +7,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,23 +23,34 @@ ROOT = Path(__file__).resolve().parents[2]
 CURVE = {1: 10.0, 2: 19.0, 4: 36.0}
 
 
-def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.client.orchestration import get_client
+@contextmanager
+def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Path]]:
+    """`elasticflow up --ray local:2x2`'s stack, its worker started; this
+    process talks to its Prefect server. Yields the stack and the worker's log."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from scheduler_service.stack.local import free_port, local_stack
-    from scheduler_service.store import save_curve
 
     settings = stack_settings(tmp_path)
     del settings["ELASTICFLOW_CLUSTER"]  # the cluster is Ray's
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
-    home, port = tmp_path / "home", free_port()
-    with local_stack(home, port, env=settings, models=("mlp",), ray="local:2x2") as stack, \
+    home = tmp_path / "home"
+    with local_stack(home, free_port(), env=settings, models=("mlp",), ray="local:2x2") as stack, \
             temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
         worker_log = stack.logs / "worker.log"
         wait_until(lambda: "started!" in worker_log.read_text(errors="replace"), 180, "the worker to start")
+        yield stack, worker_log
+
+
+def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.client.orchestration import get_client
+
+    from scheduler_service.store import save_curve
+
+    home = tmp_path / "home"
+    with ray_stack(tmp_path, monkeypatch) as (stack, worker_log):
         assert "2 nodes x 2 GPUs" in worker_log.read_text() and "ray backend" in worker_log.read_text()
         save_curve("mlp", 32, CURVE)
         deadline = (datetime.now(timezone.utc) + timedelta(seconds=150)).isoformat()
@@ -126,20 +140,11 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flo
 
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    from scheduler_service.stack.local import free_port, local_stack
     from scheduler_service.store import save_curve
 
-    settings = stack_settings(tmp_path)
-    del settings["ELASTICFLOW_CLUSTER"]
-    for name, value in settings.items():
-        monkeypatch.setenv(name, value)
-    home, port = tmp_path / "home", free_port()
-    with local_stack(home, port, env=settings, models=("mlp",), ray="local:2x2") as stack, \
-            temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
-        worker_log = stack.logs / "worker.log"
-        wait_until(lambda: "started!" in worker_log.read_text(errors="replace"), 180, "the worker to start")
+    home = tmp_path / "home"
+    with ray_stack(tmp_path, monkeypatch) as (stack, worker_log):
         save_curve("mlp", 32, CURVE)
         deadline = datetime.now(timezone.utc) + timedelta(seconds=900)
         run = run_deployment("train/mlp", timeout=0, parameters={

@@ -31,24 +31,25 @@ def elasticflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+def small_mlp(folder: Path, **overrides: Any) -> TrainParameters:
+    """A small MLP run: uneven shards (30 over 4) and gradient accumulation
+    (micro-batch 4), checkpoints and control channel under `folder`."""
+    values: dict[str, Any] = dict(
+        model="mlp",
+        hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+        iterations=24,
+        checkpoint_interval=4,
+        checkpoint_store=str(folder / "checkpoints"),
+        control_dir=str(folder / "control"),
+        device="cpu",
+    )
+    values.update(overrides)
+    return TrainParameters(**values)
+
+
 @pytest.fixture
 def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
-    """Small MLP runs: uneven shards (30 over 4) and gradient accumulation (micro-batch 4)."""
-
-    def make(**overrides: Any) -> TrainParameters:
-        values: dict[str, Any] = dict(
-            model="mlp",
-            hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
-            iterations=24,
-            checkpoint_interval=4,
-            checkpoint_store=str(tmp_path / "checkpoints"),
-            control_dir=str(tmp_path / "control"),
-            device="cpu",
-        )
-        values.update(overrides)
-        return TrainParameters(**values)
-
-    return make
+    return lambda **overrides: small_mlp(tmp_path, **overrides)
 
 
 def when_iteration_reaches(

@@ -23,7 +23,7 @@ from typing import Any
 
 from flows.training.ray_nodes import loopback_before_import
 
-loopback_before_import(os.environ.get("ELASTICFLOW_RAY_ADDRESS"))
+loopback_before_import()
 
 import ray  # noqa: E402
 

@@ -20,6 +20,8 @@ from typing import Any, Iterable, Literal
 from flows.training.control import GpuSlot
 
 SLOTS_RESOURCE = "elasticflow_slots"  # worker slots a CPU-only node offers (`ray start --resources`)
+RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # the Ray cluster a run's ranks run on (set by the worker's backend)
+NAMESPACE = "elasticflow"  # the Ray namespace of the rank actors
 # Ray rewrites 127.0.0.1 to the host's outside address unless told it is one
 # machine (read when `ray` is imported); a loopback cluster listens on 127.0.0.1 only.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -30,9 +32,10 @@ def is_loopback(address: str | None) -> bool:
     return host.startswith("127.") or host == "localhost"
 
 
-def loopback_before_import(address: str | None) -> None:
-    """Keep a process that talks to a loopback cluster on loopback: call before `import ray`."""
-    if is_loopback(address):
+def loopback_before_import(address: str | None = None) -> None:
+    """Keep a process that talks to a loopback cluster (`address`, else the
+    run's `ELASTICFLOW_RAY_ADDRESS`) on loopback: call before `import ray`."""
+    if is_loopback(address or os.environ.get(RAY_ADDRESS_ENV)):
         os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
 
 
@@ -93,6 +96,15 @@ def read_nodes(raw: Iterable[dict[str, Any]]) -> tuple[list[RayNode], list[Exclu
         excluded.append(Excluded(node.name, f"{node.gpus} GPUs where the others have {size}: "
                                             "buddy placement needs alike nodes"))
     return [n for n in candidates if n.gpus == size], excluded
+
+
+def rank_actor_name(run_key: str, n: int) -> str:
+    """A run's rank actors are named after it, so the worker can find any left behind."""
+    return f"{run_key}/rank-{n}"
+
+
+def is_rank_actor_of(name: str, run_key: str) -> bool:
+    return name.startswith(f"{run_key}/rank-")
 
 
 def by_name(nodes: list[RayNode]) -> list[RayNode]:

@@ -22,9 +22,9 @@ import socket
 import time
 from typing import Any, Callable
 
-from flows.training.ray_nodes import by_name, loopback_before_import, read_nodes, slots_of
+from flows.training.ray_nodes import NAMESPACE, by_name, loopback_before_import, rank_actor_name, read_nodes, slots_of
 
-loopback_before_import(os.environ.get("ELASTICFLOW_RAY_ADDRESS"))
+loopback_before_import()
 
 import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
@@ -36,8 +36,6 @@ from flows.training.standby import rank_env
 
 log = logging.getLogger("elasticflow.ray")
 
-RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # set by the service's Ray backend
-NAMESPACE = "elasticflow"
 HANDOVER_S = 120.0  # actor asked for -> it says where it is; else its node is full or gone
 ProgressCallback = Callable[[int, float, float], None]
 
@@ -96,7 +94,7 @@ class ActorPool:
     def _new(self, node: str) -> Any:
         self.count += 1
         return RankActor.options(
-            name=f"{self.run_key}/rank-{self.count}",
+            name=rank_actor_name(self.run_key, self.count),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             runtime_env={"env_vars": self.env},
         ).remote()

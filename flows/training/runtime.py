@@ -27,6 +27,7 @@ from flows.training.datasets import load_dataset
 from flows.training.launcher import POOL, ProgressCallback, Segment, prune_segment_dirs
 from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
+from flows.training.ray_nodes import RAY_ADDRESS_ENV
 from flows.training.segment import SegmentResult, SegmentSpec
 
 log = logging.getLogger("elasticflow.runtime")
@@ -35,7 +36,6 @@ log = logging.getLogger("elasticflow.runtime")
 SegmentWrapper = Callable[[Callable[[], SegmentResult], str], SegmentResult]
 
 
-RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # ranks on this Ray cluster's nodes (flows.training.ray_ranks)
 STANDBY_ENV = "ELASTICFLOW_STANDBY_WORKERS"  # standby workers kept warm; default: largest planned GPU set
 
 

@@ -25,6 +25,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.training.ray_nodes import RAY_ADDRESS_ENV, RAY_LOOPBACK_ENV
 from scheduler_service.stack.groups import Group, groups_of, start_time, stop_groups
 from scheduler_service.stack.supervisor import PRIVATE_UMASK, Supervised
 
@@ -171,20 +172,19 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
         if ray_cluster is not None:
             ray_cluster.stop(grace_s=15.0)
         if ray:  # the calling process's own later runs are not on a cluster that is gone
-            os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
+            os.environ.pop(RAY_ADDRESS_ENV, None)
         os.umask(umask)
 
 
 def _ray_cluster(ray: str | None, settings: dict[str, str], home: Path, logs: Path) -> Supervised | None:
     """`--ray ADDRESS`: the worker schedules that cluster. `--ray local:NxG`:
     a loopback cluster of N nodes x G slots started here, stopped with the stack."""
-    from flows.training.ray_nodes import RAY_LOOPBACK_ENV
     from scheduler_service.stack.ray_local import LOCAL_PREFIX, parse_local
 
     if not ray:
         return None
     if not ray.startswith(LOCAL_PREFIX):
-        settings["ELASTICFLOW_RAY_ADDRESS"] = ray
+        settings[RAY_ADDRESS_ENV] = ray
         os.environ.update(settings)
         return None
     parse_local(ray)  # a bad spec fails here, before anything starts
@@ -200,6 +200,6 @@ def _ray_cluster(ray: str | None, settings: dict[str, str], home: Path, logs: Pa
             cluster.stop()
             raise RuntimeError(f"the local Ray cluster did not start (log {logs / 'ray.log'})")
         time.sleep(0.2)
-    settings.update({"ELASTICFLOW_RAY_ADDRESS": address_file.read_text().strip(), RAY_LOOPBACK_ENV: "0"})
+    settings.update({RAY_ADDRESS_ENV: address_file.read_text().strip(), RAY_LOOPBACK_ENV: "0"})
     os.environ.update(settings)
     return cluster

@@ -16,7 +16,16 @@ from __future__ import annotations
 import logging
 import time
 
-from flows.training.ray_nodes import RAY_LOOPBACK_ENV, RayNode, is_loopback, loopback_before_import, read_nodes
+from flows.training.ray_nodes import (
+    NAMESPACE,
+    RAY_ADDRESS_ENV,
+    RAY_LOOPBACK_ENV,
+    RayNode,
+    is_loopback,
+    is_rank_actor_of,
+    loopback_before_import,
+    read_nodes,
+)
 from scheduler_service.policy.topology import Topology
 from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, Placement
 from scheduler_service.worker.cancellation import Stop
@@ -24,8 +33,6 @@ from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.settings import SettingsError
 
 log = logging.getLogger("prefect.workers.elasticflow.ray")
-RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"
-NAMESPACE = "elasticflow"  # the ranks' actors, named `<flow run id>/rank-<n>` (flows.training.ray_ranks)
 
 
 class RayBackend(LocalProcesses):
@@ -114,7 +121,7 @@ class RayBackend(LocalProcesses):
         import ray
 
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a.get("namespace") == NAMESPACE and str(a.get("name", "")).startswith(f"{run_id}/")]
+                 if a.get("namespace") == NAMESPACE and is_rank_actor_of(str(a.get("name", "")), run_id)]
         for name in names:
             try:
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,7 +28,13 @@ log = logging.getLogger("prefect.workers.elasticflow.decisions")  # shown with t
 
 async def reject(worker: ElasticFlowWorker, flow_run: Any, rejection: Rejection,
                  decision_s: float | None = None) -> None:
-    """The run is not admitted: Rejected, in the store, in its own logs; it is forgotten."""
+    """The run is not admitted: Rejected, in the store, in its own logs; it is forgotten.
+
+    Telling Prefect (state and event, then labels) goes on in the
+    background: in a burst, a poll that waited for hundreds of rejections to
+    be written left the runs created meanwhile untaken until it ended. The store has the
+    decision first, and a worker stopped before Prefect heard of it leaves
+    the run Scheduled, to be decided again by the next one."""
     run_id, text = str(flow_run.id), rejection.state_message()
     worker.forget(run_id)
     worker.store.upsert_job(run_id, flow_run_name=flow_run.name, status="rejected", message=text)
@@ -35,7 +42,8 @@ async def reject(worker: ElasticFlowWorker, flow_run: Any, rejection: Rejection,
         flow_run_id=run_id, admitted=False, reason=rejection.reason, message=rejection.message,
         earliest_feasible_deadline=rejection.earliest_feasible_deadline,
         decision_ms=None if decision_s is None else decision_s * 1000))
-    await worker.publisher.rejected(run_id, rejection)
+    await worker.in_background(worker.publisher.rejected, run_id, rejection)
+    await worker.in_background(worker.publisher.rejection_labels, run_id, rejection, later=True)
     log.info("rejected flow run %s: %s", run_id, text)
     try:  # also in the run's own logs, the tab its page opens on
         worker.get_flow_run_logger(flow_run).warning("ElasticFlow rejected this run: %s", text)
@@ -67,9 +75,10 @@ def rejection_of(worker: ElasticFlowWorker, decision: Decision, run: RunState, n
 
 async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> None:
     """A burst of arrivals is decided in one policy call; telling Prefect is
-    what takes time (a state, labels, an event, an artifact per run), so every
-    decision goes out at once, `ELASTICFLOW_PUBLISH_CONCURRENCY` requests at a
-    time; the store has each decision before Prefect hears of it."""
+    what takes time (a state, labels, an event, an artifact per run), so
+    decisions go out at once, `ELASTICFLOW_PUBLISH_CONCURRENCY` requests at a
+    time: admissions before this poll launches anything, rejections in the
+    background; the store has each decision before Prefect hears of it."""
     if result.decisions:
         worker.decision_seconds.append(result.seconds)
     for run_id, finish in result.projected_finish.items():
@@ -78,20 +87,19 @@ async def publish(worker: ElasticFlowWorker, result: PlanResult, now: float) -> 
             run.projected_finish = finish
     for run in result.downgraded:
         await _no_longer_guaranteed(worker, run)
-    gate = anyio.Semaphore(worker.settings.publish_concurrency)
+    async def admit(decision: Decision, run: RunState) -> None:
+        async with worker.publishing:
+            await _admitted(worker, run, decision, result, now)
 
-    async def one(decision: Decision, run: RunState) -> None:
-        async with gate:
-            if decision.admitted:
-                await _admitted(worker, run, decision, result, now)
-            else:
-                await reject(worker, run.flow_run, rejection_of(worker, decision, run, now), result.seconds)
-
-    async with anyio.create_task_group() as group:
+    async with anyio.create_task_group() as group:  # admissions before any launch; rejections in the background
         for decision in result.decisions:
             run = worker.runs.get(decision.job_id)
-            if run is not None:
-                group.start_soon(one, decision, run)
+            if run is None:
+                continue
+            if decision.admitted:
+                group.start_soon(admit, decision, run)
+            else:
+                await reject(worker, run.flow_run, rejection_of(worker, decision, run, now), result.seconds)
 
 
 async def _no_longer_guaranteed(worker: ElasticFlowWorker, run: RunState) -> None:
@@ -113,8 +121,6 @@ async def _admitted(worker: ElasticFlowWorker, run: RunState, decision: Decision
     worker.store.add(DecisionRecord(flow_run_id=run.run_id, admitted=True, message=decision.message, share=share,
                                     decision_ms=result.seconds * 1000))
     worker.store.upsert_job(run.run_id, status="admitted", share=share, message=decision.message)
-    await worker.publisher.labels(run.run_id, {"elasticflow.mss": share if share is not None else "best-effort",
-                                               "elasticflow.admission": "admitted"})
     worker.publisher.event(run.run_id, "elasticflow.decision", {
         "admitted": True, "guaranteed": decision.guaranteed, "mss": share, "message": decision.message,
         "guaranteed_finish": iso(decision.guaranteed_finish), "decision_ms": round(result.seconds * 1000, 3),
@@ -123,10 +129,13 @@ async def _admitted(worker: ElasticFlowWorker, run: RunState, decision: Decision
     guaranteed = f"; guaranteed to finish by {_clock(decision.guaranteed_finish)}" \
         if decision.guaranteed_finish is not None else ""
     tell(worker, run, f"{decision.message}{guaranteed}")
-    if run.response is not None:
-        await worker.publisher.waiting_state(run, StateName.ADMITTED, now, decision.message)
-    await worker.publisher.history(run, AllocationAction.ADMITTED, (), share=share,
-                                   guaranteed_finish=decision.guaranteed_finish)
+    async with anyio.create_task_group() as group:  # independent requests: the poll waits for the slowest only
+        group.start_soon(worker.publisher.labels, run.run_id, {
+            "elasticflow.mss": share if share is not None else "best-effort", "elasticflow.admission": "admitted"})
+        if run.response is not None:
+            group.start_soon(worker.publisher.waiting_state, run, StateName.ADMITTED, now, decision.message)
+        group.start_soon(partial(worker.publisher.history, run, AllocationAction.ADMITTED, (), share=share,
+                                 guaranteed_finish=decision.guaranteed_finish))
 
 
 def tell(worker: ElasticFlowWorker, run: RunState, text: str, warning: bool = False) -> None:
@@ -191,14 +200,16 @@ async def apply(worker: ElasticFlowWorker, action: Action, now: float) -> bool:
     assert allocation is not None
     gpus = gpus_label(action.gpus)
     worker.store.add(AllocationRecord(flow_run_id=run.run_id, action=allocation.value, gpus=gpus))
-    await worker.publisher.history(run, allocation, action.gpus)
     if allocation is AllocationAction.RELEASED:
+        await worker.publisher.history(run, allocation, action.gpus)
         worker.store.upsert_job(run.run_id, gpus="")
         return False
     nodes = worker.cluster.nodes_of(action.gpus)
     worker.store.upsert_job(run.run_id, status="running", gpus=gpus)
-    await worker.publisher.labels(run.run_id, {"elasticflow.gpus": gpus, "elasticflow.world_size": len(action.gpus),
-                                               "elasticflow.nodes": ",".join(nodes)})
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.publisher.history, run, allocation, action.gpus)
+        group.start_soon(worker.publisher.labels, run.run_id, {
+            "elasticflow.gpus": gpus, "elasticflow.world_size": len(action.gpus), "elasticflow.nodes": ",".join(nodes)})
     worker.publisher.event(run.run_id, "elasticflow.allocation.changed", {
         "action": allocation.value, "gpus": list(action.gpus), "world_size": len(action.gpus), "nodes": nodes,
     }, nodes=nodes)

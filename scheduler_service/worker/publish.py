@@ -82,8 +82,11 @@ class Publisher:
             log.exception("could not set flow run %s to %s", run.run_id, name.value)
 
     async def rejected(self, run_id: str, rejection: Rejection) -> None:
-        """Labels first (what `train_model` reads), then the Rejected state, then the event."""
-        await self.labels(run_id, {**rejection.labels(), "elasticflow.admission": "rejected"})
+        """The Rejected state, then the event. The state is the decision a
+        person and `train_model` wait for, and its message carries the reason
+        and the earliest deadline too (`Rejection.from_state_message`), so the
+        labels (`rejection_labels`) may follow it: in a burst, writing them
+        first held every state back by a third."""
         try:
             await self.client.set_flow_run_state(
                 UUID(run_id), Cancelled(name=StateName.REJECTED.value, message=rejection.state_message()), force=True)
@@ -94,6 +97,9 @@ class Publisher:
             "earliest_feasible_deadline": (rejection.earliest_feasible_deadline.isoformat()
                                            if rejection.earliest_feasible_deadline else None),
         })
+
+    async def rejection_labels(self, run_id: str, rejection: Rejection) -> None:
+        await self.labels(run_id, {**rejection.labels(), "elasticflow.admission": "rejected"})
 
     async def history(self, run: RunState, action: AllocationAction, gpus: tuple[int, ...] | list[int],
                       share: int | None = None, guaranteed_finish: float | None = None) -> None:

@@ -1,7 +1,8 @@
 """The `elasticflow` Prefect worker: it translates flow runs to policy jobs,
 and the scheduler's decisions to states, labels, events and launches.
 
-Per poll (`ELASTICFLOW_POLL_S`): new scheduled runs are taken in (intake.py;
+Per poll (`ELASTICFLOW_POLL_S`; while a burst lasts, again at once): new
+scheduled runs are taken in (intake.py;
 a model's first use is profiled, profiling.py); the scheduler (scheduler.py,
 over the pure policy) decides at once for arrivals and once per slot for
 everyone; decisions and actions go to Prefect and the store (decisions.py,
@@ -18,7 +19,7 @@ import base64
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 import anyio.abc
 from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
@@ -49,6 +50,7 @@ from scheduler_service.worker.store import AllocationRecord, ServiceStore
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+BURST_ROUNDS = 5  # looks in one poll at most, while each takes in new runs
 TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
 # The project's own documentation where it is installed, and a logo that
 # needs no server (the UI shows it in the work pool type gallery).
@@ -98,6 +100,8 @@ class ElasticFlowWorker(ProcessWorker):
         self.decision_seconds: deque[float] = deque(maxlen=1000)
         self.store: ServiceStore = None  # type: ignore[assignment]  # opened in setup
         self.publisher: Publisher = None  # type: ignore[assignment]
+        self.publishing = anyio.Semaphore(settings.publish_concurrency)  # Prefect requests in flight
+        self.untold = 0  # decisions waiting to be told to Prefect in the background
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
@@ -135,9 +139,20 @@ class ElasticFlowWorker(ProcessWorker):
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
         if not synced(self):
             return await super().get_and_submit_flow_runs()
+        submitted: list[FlowRun] = []
+        for _ in range(BURST_ROUNDS):  # while a burst lasts, look again at once rather than after a poll's pause
+            took_in, launched = await self._poll_once()
+            submitted += launched
+            if not took_in:
+                break
+        return submitted
+
+    async def _poll_once(self) -> tuple[int, list[FlowRun]]:
+        """One look: how many training runs it took in, and what it launched."""
         responses = await scheduled_runs(self)
         now = self.clock()
         launches = []
+        took_in = 0
         for entry in responses:
             run_id = str(entry.flow_run.id)
             if run_id in self.runs:
@@ -153,6 +168,7 @@ class ElasticFlowWorker(ProcessWorker):
                 launches.append(entry)
                 continue
             await self._take_in_one(entry, now)
+            took_in += 1
         await stopping.forget_vanished(self, {str(entry.flow_run.id) for entry in responses})
         await stopping.watch_foreign(self)
         await stopping.watch_cancelling(self, now)
@@ -172,7 +188,7 @@ class ElasticFlowWorker(ProcessWorker):
             if await decisions.apply(self, action, now):
                 launches.append(self.runs[action.run_id].response)
         await show_cluster(self, now)
-        return await submit(self, [entry for entry in launches if entry is not None])
+        return took_in, await submit(self, [entry for entry in launches if entry is not None])
 
     async def _take_in_one(self, entry: Any, now: float) -> None:
         """Take in one run; whatever goes wrong is that run's: rejected, and the poll goes on."""
@@ -224,6 +240,27 @@ class ElasticFlowWorker(ProcessWorker):
                                      exc_info=True)
                 return TRAIN_FLOW
         return self.flow_names[flow_run.flow_id]
+
+    async def in_background(self, tell: Callable[..., Awaitable[None]], *args: Any, later: bool = False) -> None:
+        """Tell Prefect without holding up the poll, within `publishing`'s
+        requests in flight; inline before the worker's task group exists.
+        What can come `later` (details of a decision already shown) waits
+        until no decision is left to tell: on a loaded server it would
+        otherwise hold the decisions back by a third."""
+        async def gated() -> None:
+            self.untold += not later
+            try:
+                while later and self.untold:
+                    await anyio.sleep(0.1)
+                async with self.publishing:
+                    await tell(*args)
+            finally:
+                self.untold -= not later
+
+        if self._runs_task_group is None:
+            await gated()
+        else:
+            self._runs_task_group.start_soon(gated)
 
     def clock(self) -> float:
         """Now, on the policy's clock: epoch seconds."""

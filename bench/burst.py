@@ -152,11 +152,13 @@ async def read_decisions(burst: Burst, timeout_s: float) -> None:
             undecided = [UUID(r) for r in burst.created if r not in burst.latencies]
             if not undecided:
                 break
-            try:
-                runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=undecided)),
-                                                   limit=len(undecided))
-            except Exception:
-                runs = []
+            runs = []
+            for i in range(0, len(undecided), 200):  # the server's largest page
+                try:
+                    runs += await client.read_flow_runs(
+                        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=undecided[i:i + 200])), limit=200)
+                except Exception:
+                    pass
             moved = [run for run in runs if run.state is not None and run.state.name not in UNDECIDED]
             await asyncio.gather(*(look(run) for run in moved), return_exceptions=True)
             await asyncio.sleep(2.0)

@@ -75,9 +75,10 @@ class Progress:
 
 
 class ClusterView:
-    def __init__(self, cluster: Cluster, margin_s: float) -> None:
+    def __init__(self, cluster: Cluster, margin_s: float, floor_s: float = 0.0) -> None:
         self.cluster = cluster
         self.margin = timedelta(seconds=margin_s)
+        self.floor_s = floor_s  # no run's at-risk margin is below this (a slot)
         self.samples: deque[AllocationSample] = deque(maxlen=HISTORY)
         self.deadlines: dict[str, datetime] = {}
         self.at_risk: set[str] = set()
@@ -117,6 +118,7 @@ class ClusterView:
                 gpus=sorted(run.held), iterations_done=float(status.iteration if status is not None else 0),
                 iterations_total=run.job.iterations, projected_finish=finish,
                 deadline=_dt(run.deadline),
+                at_risk_within=timedelta(seconds=run.risk_margin(self.margin.total_seconds(), self.floor_s)),
             ))
         self._retire({job.flow_run_id for job in jobs}, now)
         self._progress = {job.flow_run_id: self._progress[job.flow_run_id] for job in jobs
@@ -146,8 +148,9 @@ class ClusterView:
         for job in snapshot.jobs:
             if job.deadline is None or job.status != "running":
                 continue
-            risky = deadline_risk(job.projected_finish, job.deadline, self.margin)
-            safe = not deadline_risk(job.projected_finish, job.deadline, self.margin * RECOVER_FACTOR)
+            margin = job.at_risk_within or self.margin
+            risky = deadline_risk(job.projected_finish, job.deadline, margin)
+            safe = not deadline_risk(job.projected_finish, job.deadline, margin * RECOVER_FACTOR)
             if risky and job.flow_run_id not in self.at_risk:
                 self.at_risk.add(job.flow_run_id)
                 changes.append(("at-risk", job))

@@ -42,6 +42,7 @@ class JobView(BaseModel):
     iterations_total: float = 0.0
     projected_finish: datetime | None = None  # the policy's; for a finished job, when it finished
     deadline: datetime | None = None  # None: best-effort
+    at_risk_within: timedelta | None = None  # its own at-risk margin (RunState.risk_margin); None: the view's
 
 
 class ClusterSnapshot(BaseModel):
@@ -127,7 +128,7 @@ def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> O
         return Outlook.UNKNOWN
     if _utc(job.projected_finish) > deadline:
         return Outlook.LATE
-    if deadline_risk(job.projected_finish, deadline, margin):
+    if deadline_risk(job.projected_finish, deadline, job.at_risk_within or margin):
         return Outlook.AT_RISK
     return Outlook.ON_TRACK
 
@@ -262,7 +263,8 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
         "## GPUs", "", gpu_map_markdown(snapshot), "",
         "## Jobs", "", jobs_markdown(snapshot, margin), "",
         (f"_Finish: projected finish. MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
-         f"At risk: projected finish within {_duration(margin)} of the deadline._"),
+         f"At risk: projected finish within {_duration(margin)} of the deadline, or within half the room its "
+         f"plan keeps if that is less._"),
     ])
 
 

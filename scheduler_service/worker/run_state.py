@@ -121,6 +121,18 @@ class RunState:
         """The plan deadline from the user's, after `reserve_s` or `margin` changed."""
         self.plan_with(plan_deadline_for(self.deadline, self.taken_in_at, self.reserve_s, self.margin))
 
+    def risk_margin(self, at_most_s: float, floor_s: float) -> float:
+        """How close its projected finish may come to its deadline before it
+        is at risk: `at_most_s` (ELASTICFLOW_AT_RISK_S), but no more than half
+        the room its plan keeps in front of the deadline (start cost and safety
+        margin), at least `floor_s` (a slot). A short run's plan ends within a
+        minute of its deadline by design; it is at risk once it has lost half
+        of that room, not from the start. A plan that keeps no room (margins
+        set to 0) leaves `at_most_s` as it is."""
+        if self.deadline is None or self.plan_deadline is None or self.deadline <= self.plan_deadline:
+            return at_most_s
+        return max(floor_s, min(at_most_s, (self.deadline - self.plan_deadline) / 2))
+
     def to_user_time(self, plan_time: float) -> float:
         """A time on the plan's deadline scale (an earliest feasible deadline) as the user's."""
         if self.deadline is None or self.plan_deadline is None:

@@ -47,7 +47,8 @@ class WorkerSettings(BaseSettings):
                              gt=0)
     at_risk_s: float = _setting(
         60.0, "a running run's deadline is at risk (cluster view, `elasticflow.deadline.at-risk` event) when its "
-        "projected finish comes within this of it; at least a slot", "60", ge=0)
+        "projected finish comes within this of it (or half the room its plan keeps, if less); at least a slot",
+        "60", ge=0)
     warm_start: bool = _setting(True, "0: start every flow process cold instead of forking it from the warm-start "
                                 "server", "1")
     safety_margin: float = _setting(

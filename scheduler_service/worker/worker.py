@@ -91,9 +91,10 @@ class ElasticFlowWorker(ProcessWorker):
         self.profiler = Profiler(self.scheduler, measure_in_processes(
             self.cluster.device, settings.profile_iterations, settings.profile_timeout_s), topology.num_gpus,
             topology.max_job_gpus, self.cluster.device, settings.profile_timeout_s)
-        # Deadline at risk: projected finish within the margin of the deadline (at least a slot:
-        # closer than that, the next plan may not have had its say yet).
-        self.view = ClusterView(self.cluster, margin_s=max(self.interval, settings.at_risk_s))
+        # Deadline at risk: projected finish within the margin of the deadline, or half the room
+        # a run's plan keeps if less (RunState.risk_margin); at least a slot: closer than that,
+        # the next plan may not have had its say yet.
+        self.view = ClusterView(self.cluster, margin_s=max(self.interval, settings.at_risk_s), floor_s=self.interval)
         self.runs: dict[str, RunState] = {}  # every run in flight, from take-in to its end
         self.recent = RecentIds()  # ended lately: a lagging poll must not take them in again
         self.flow_names: dict[Any, str] = {}  # flow id -> name (a handful of flows)

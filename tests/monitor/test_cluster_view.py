@@ -51,6 +51,24 @@ def test_a_deadline_goes_at_risk_and_recovers_once_each(tmp_path: Path) -> None:
     assert change == "recovered"
 
 
+def test_a_short_run_on_its_plan_is_not_at_risk_until_it_loses_half_its_room(tmp_path: Path) -> None:
+    """A two-minute run's plan ends 12 s before its deadline (start cost and
+    safety margin): inside the one-minute margin by design, so the margin is
+    half that room, 6 s, and at least a slot (5 s)."""
+    view = ClusterView(load(ROOT / "infra" / "local-cpu2.csv"), margin_s=60, floor_s=5)
+    run = _run(tmp_path, "urgent", deadline_in_s=120, gpus=(0,))
+    run.plan_with(NOW + 108)  # what the policy plans it against
+    runs = _named(run, "urgent")
+    run.projected_finish = NOW + 108  # the plan's: on track, though within a minute of the deadline
+    assert view.risk_changes(view.snapshot(runs, NOW)) == []
+    assert "on track" in view.markdown(view.snapshot(runs, NOW), NOW)
+    run.projected_finish = NOW + 115  # 5 s left of 12: at risk
+    ((change, _),) = view.risk_changes(view.snapshot(runs, NOW))
+    assert change == "at-risk"
+    run.plan_with(NOW + 119)  # a plan keeping 1 s: the slot is the floor
+    assert run.risk_margin(60, 5) == 5
+
+
 def test_best_effort_and_waiting_runs_are_never_at_risk_and_the_policy_projects_before_training(
     tmp_path: Path,
 ) -> None:

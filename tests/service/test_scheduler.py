@@ -260,6 +260,17 @@ def test_a_run_about_to_finish_is_not_resized(tmp_path: Path) -> None:
     assert action.kind == "rescale" and action.gpus == (0,)
 
 
+def test_a_run_is_not_grown_when_the_restart_costs_more_than_the_growth_saves(tmp_path: Path) -> None:
+    sched, a = _alone_on_both(tmp_path)  # the policy's restart: 1 s
+    a.commanded = a.held = (0,)
+    a.target = (0, 1)  # 20 -> 36 it/s: growing saves 44% of what is left
+    a.channel.publish_status({"iteration": 4000 - 30, "gpus": [0]})  # 1.5 s left at one GPU: saves 0.67 s < 1 s
+    assert [x for x in sched.actuate(T0 + 1) if x.run_id == "a"] == []
+    a.channel.publish_status({"iteration": 4000 - 60, "gpus": [0]})  # 3 s left: saves 1.33 s > 1 s
+    (action,) = [x for x in sched.actuate(T0 + 1) if x.run_id == "a"]
+    assert action.kind == "rescale" and action.gpus == (0, 1)
+
+
 def test_a_deadline_run_is_not_parked_for_a_run_due_later(tmp_path: Path) -> None:
     sched = _scheduler()
     urgent = _run(tmp_path, "urgent", T0, 4000, T0 + 100)

@@ -249,7 +249,6 @@ class ElasticFlowWorker(ProcessWorker):
         until no decision is left to tell: on a loaded server it would
         otherwise hold the decisions back by a third."""
         async def gated() -> None:
-            self.untold += not later
             try:
                 while later and self.untold:
                     await anyio.sleep(0.1)
@@ -258,6 +257,7 @@ class ElasticFlowWorker(ProcessWorker):
             finally:
                 self.untold -= not later
 
+        self.untold += not later  # counted from now: a later one spawned next must see it
         if self._runs_task_group is None:
             await gated()
         else:

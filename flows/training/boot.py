@@ -1,9 +1,12 @@
 """Entry point of a flow process started by the `elasticflow` worker:
 `python -m flows.training.boot` instead of `python -m prefect.engine`.
 
-1. Its own session, as Prefect's default launcher gives a flow process: a run
-   keeps training when its worker is stopped with Ctrl-C or crashes (a restarted
-   worker adopts it), and a signal to the process group reaches the engine.
+1. Its own session, as Prefect's default launcher gives a flow process: a
+   terminal's Ctrl-C does not reach it, a run keeps training when its worker
+   crashes or is killed (a restarted worker adopts it), and a signal to the
+   process group reaches the engine. A worker stopped gracefully (Ctrl-C to
+   `prefect worker start`) still stops its runs on the way out, checkpointed:
+   that is Prefect's worker shutdown (docs/operating.md).
 2. Warm start: if the worker runs a fork server (`ELASTICFLOW_FORKSERVER`, see
    `flows.training.forkserver`), the flow process is forked from it with
    Prefect, the flow and torch already imported, and this process only relays:

@@ -32,9 +32,9 @@ async def reject(worker: ElasticFlowWorker, flow_run: Any, rejection: Rejection,
 
     Telling Prefect (state and event, then labels) goes on in the
     background: in a burst, a poll that waited for hundreds of rejections to
-    be written left the runs created meanwhile untaken until it ended. The store has the
-    decision first, and a worker stopped before Prefect heard of it leaves
-    the run Scheduled, to be decided again by the next one."""
+    be written left the runs created meanwhile untaken until it ended. The
+    store has the decision first, and a worker stopped before Prefect heard
+    of it leaves the run Scheduled, to be decided again by the next one."""
     run_id, text = str(flow_run.id), rejection.state_message()
     worker.forget(run_id)
     worker.store.upsert_job(run_id, flow_run_name=flow_run.name, status="rejected", message=text)

@@ -21,6 +21,7 @@ PRIVATE = {
     "_submit_scheduled_flow_runs": ["flow_run_response"],
     "_propose_pending_state": ["flow_run"],
     "_has_successfully_synced": None,  # an attribute set by sync_with_backend
+    "_runs_task_group": None,  # an attribute: the task group the worker's runs live in, while it is started
 }
 
 
@@ -47,6 +48,12 @@ def check() -> list[str]:
 def synced(worker: BaseWorker[Any, Any, Any]) -> bool:
     """Whether the worker has its work pool (before that, Prefect's own poll runs)."""
     return bool(getattr(worker, "_has_successfully_synced", False))
+
+
+def runs_task_group(worker: BaseWorker[Any, Any, Any]) -> Any:
+    """The task group Prefect runs the worker's flow runs in (None before it
+    starts): work spawned there outlives the poll and ends with the worker."""
+    return getattr(worker, "_runs_task_group", None)
 
 
 async def scheduled_runs(worker: BaseWorker[Any, Any, Any]) -> list[Any]:

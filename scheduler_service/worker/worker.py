@@ -38,7 +38,7 @@ from scheduler_service.worker.configuration import (
     ElasticFlowVariables,
     ElasticFlowWorkerResult,
 )
-from scheduler_service.worker.prefect_api import scheduled_runs, submit, synced
+from scheduler_service.worker.prefect_api import runs_task_group, scheduled_runs, submit, synced
 from scheduler_service.worker.profiling import Profiler, measure_in_processes
 from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.run_state import Phase, RecentIds, RunState, SafetyMargin
@@ -258,10 +258,11 @@ class ElasticFlowWorker(ProcessWorker):
                 self.untold -= not later
 
         self.untold += not later  # counted from now: a later one spawned next must see it
-        if self._runs_task_group is None:
+        group = runs_task_group(self)
+        if group is None:
             await gated()
         else:
-            self._runs_task_group.start_soon(gated)
+            group.start_soon(gated)
 
     def clock(self) -> float:
         """Now, on the policy's clock: epoch seconds."""

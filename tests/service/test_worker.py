@@ -56,7 +56,9 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
     """One flow run alone gets both slots; a malformed arrival is rejected without
     touching it; a deadline run that must start now takes one of its slots (the
     first shrinks in place, inside the same flow run) and both complete."""
-    first = stack.submit(iterations=2500, deadline="+10m", checkpoint_interval=500)
+    # Long enough to be still training when the second run's plan starts it, on a
+    # machine that trains six times its profile (2,500 iterations once ended first).
+    first = stack.submit(iterations=5000, deadline="+10m", checkpoint_interval=500)
     status = stack.home / "control" / first / "status.json"
 
     def iteration() -> int:
@@ -85,10 +87,10 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
     assert second_run.state.is_completed(), second_run.state
     second_launch = next(gpus for action, gpus in _allocations(stack, second) if action == "launch")
     assert [int(second_launch)] != shrunk  # never on the slot the first one kept
-    first_run = stack.wait_final(first, 180)
+    first_run = stack.wait_final(first, 420)  # at the profile's rate, 5,000 iterations on one slot: 250 s
     assert first_run.state.is_completed(), first_run.state
     assert "rescale" in [action for action, _ in _allocations(stack, first)]
-    assert iteration() == 2500  # one flow run throughout: the resize happened inside it
+    assert iteration() == 5000  # one flow run throughout: the resize happened inside it
     # The release is recorded when the flow process has exited, a moment after its run is Completed.
     history = stack.wait_until(lambda: (h := stack.allocation_artifact(first)) and "| release |" in h and h, 30,
                                "the release in the allocation history")

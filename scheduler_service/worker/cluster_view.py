@@ -90,6 +90,10 @@ class ClusterView:
         self._progress: dict[str, Progress] = {}  # of each unfinished run
         self.finished: deque[JobView] = deque(maxlen=FINISHED_SHOWN)
 
+    def risk_margin_s(self, run: RunState) -> float:
+        """The run's own at-risk margin: the view's, or half the room its plan keeps if less."""
+        return run.risk_margin(self.margin.total_seconds(), self.floor_s)
+
     def restore(self, changes: list[tuple[datetime, str, int]], deadlines: dict[str, datetime]) -> None:
         """After a restart: the plot's history from the store's allocation rows
         `(at, run name, GPUs held from then on)`, so it does not start empty."""
@@ -118,7 +122,7 @@ class ClusterView:
                 gpus=sorted(run.held), iterations_done=float(status.iteration if status is not None else 0),
                 iterations_total=run.job.iterations, projected_finish=finish,
                 deadline=_dt(run.deadline),
-                at_risk_within=timedelta(seconds=run.risk_margin(self.margin.total_seconds(), self.floor_s)),
+                at_risk_within=timedelta(seconds=self.risk_margin_s(run)),
             ))
         self._retire({job.flow_run_id for job in jobs}, now)
         self._progress = {job.flow_run_id: self._progress[job.flow_run_id] for job in jobs
@@ -148,7 +152,7 @@ class ClusterView:
         for job in snapshot.jobs:
             if job.deadline is None or job.status != "running":
                 continue
-            margin = job.at_risk_within or self.margin
+            margin = self.margin if job.at_risk_within is None else job.at_risk_within
             risky = deadline_risk(job.projected_finish, job.deadline, margin)
             safe = not deadline_risk(job.projected_finish, job.deadline, margin * RECOVER_FACTOR)
             if risky and job.flow_run_id not in self.at_risk:

@@ -215,8 +215,7 @@ async def apply(worker: ElasticFlowWorker, action: Action, now: float) -> bool:
     }, nodes=nodes)
     verb = {AllocationAction.LAUNCH: "launched", AllocationAction.RESCALE: "resized: now",
             AllocationAction.PARK: "parked (checkpointed; it waits for its new GPUs),"}.get(allocation, allocation.value)
-    margin_s = run.risk_margin(worker.view.margin.total_seconds(), worker.interval)
-    tell(worker, run, f"{verb} {outlook_line(run, now, margin_s, action.gpus, nodes)}")
+    tell(worker, run, f"{verb} {outlook_line(run, now, worker.view.risk_margin_s(run), action.gpus, nodes)}")
     if allocation is AllocationAction.LAUNCH:
         run.launched_at = time.time()
         return True

@@ -128,7 +128,7 @@ def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> O
         return Outlook.UNKNOWN
     if _utc(job.projected_finish) > deadline:
         return Outlook.LATE
-    if deadline_risk(job.projected_finish, deadline, job.at_risk_within or margin):
+    if deadline_risk(job.projected_finish, deadline, margin if job.at_risk_within is None else job.at_risk_within):
         return Outlook.AT_RISK
     return Outlook.ON_TRACK
 

@@ -22,12 +22,18 @@ class InputError(ValueError):
     """Bad input file: the message is one line naming file, row and field."""
 
     def __init__(self, path: Path | str, row: int | None, field: str | None, problem: str) -> None:
+        self._parts = (path, row, field, problem)
         where = f"{path}"
         if row is not None:
             where += f", row {row}"
         if field is not None:
             where += f", field '{field}'"
         super().__init__(f"{where}: {problem}")
+
+    def __reduce__(self):
+        # Simulations run in worker processes; without this the error cannot be
+        # sent back, and the caller sees a broken pool instead of the message.
+        return type(self), self._parts
 
 
 def csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:

@@ -40,3 +40,25 @@ def test_itp_clusters_are_compared_with_the_paper_at_the_paper_sizes_and_with_th
     overloaded = {i: cases[(f"itp/cluster{i:02d}", "n16g8")].references.get("elasticflow") for i in range(1, 11)}
     assert overloaded[4] == 0.194 and overloaded[7] == 0.381  # the authors' simulator, not the paper's plot
     assert all(overloaded[i] not in ITP_REFERENCE for i in range(1, 11) if overloaded[i] is not None)
+
+
+def test_a_bad_trace_read_in_a_worker_comes_back_as_the_error_naming_its_field(tmp_path, monkeypatch):
+    import pytest
+
+    from scheduler_service.simulator.experiment import data_dir
+    from scheduler_service.simulator.inputs import InputError
+    from scheduler_service.simulator.reproduce import Case, run_comparison
+
+    real = data_dir()
+    for folder in ("throughputs", "clusters"):
+        (tmp_path / folder).symlink_to(real / folder)
+    (tmp_path / "traces").mkdir()
+    rows = (real / "traces" / "100jobs_1500lam.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    broken = rows[1].split(",")
+    broken[header.index("ddl")] = "soon"
+    (tmp_path / "traces" / "bad.csv").write_text("\n".join([rows[0], ",".join(broken), *rows[2:]]) + "\n")
+    monkeypatch.setenv("ELASTICFLOW_DATA", str(tmp_path))
+    case = Case(trace="bad", cluster="n16g8", gpu="A100", interval=240, group="sweep", policies=["edf"])
+    with pytest.raises(InputError, match=r"bad\.csv, row 2, field 'ddl'"):
+        run_comparison([case], workers=1)

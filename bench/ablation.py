@@ -1,0 +1,297 @@
+"""Ablation of the paper's policy: `elasticflow` with one mechanism changed,
+on the traces of the ablation table in docs/scheduling.md.
+
+Each variant patches the policy in the worker process that simulates it,
+so the shipped code stays as it is. Prints one markdown row per variant:
+deadline ratio and, in brackets, admitted jobs that missed.
+
+Run: .venv/bin/python bench/ablation.py                      (all variants, about 3 minutes on 2 cores)
+     .venv/bin/python bench/ablation.py --variant shipped --variant reference-shape --trace dev102
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler_service.simulator.experiment import Experiment, data_dir  # noqa: E402
+
+# column, trace under data/, cluster, GPU kind, interval: the table's columns
+TRACES = [
+    ("dev101", "reference/traces/dev101", "n16g8", "A100", 60.0),
+    ("dev102", "reference/traces/dev102", "n8g8", "A100", 60.0),
+    ("dev103", "reference/traces/dev103", "n4g8", "A100", 60.0),
+    ("dev104", "reference/traces/dev104", "n8g8", "A100", 60.0),
+    ("dev105", "reference/traces/dev105", "n8g8", "A100", 60.0),
+    ("dev106", "reference/traces/dev106", "n8g8", "A100", 60.0),
+    ("philly", "traces/philly_103959", "n32g8", "A100", 60.0),
+    ("elasticVpollux_e", "traces/elasticVpollux_e", "n16g4", "T4", 60.0),
+    ("1000job", "traces/1000job_1500lam", "n8g8", "A100", 240.0),
+    ("cluster04", "traces/itp/cluster04", "n16g8", "A100", 60.0),
+    ("cluster07", "traces/itp/cluster07", "n16g8", "A100", 60.0),
+]
+
+
+# -- variants: each changes one mechanism of scheduler_service.policy.elasticflow -------------
+
+def no_overhead() -> None:
+    """Restarts cost nothing, in plans and in the simulator (which charges the policy's own)."""
+    from scheduler_service.policy import elasticflow as ef
+    from scheduler_service.policy.overhead import NO_OVERHEAD
+
+    init = ef.ElasticFlowPolicy.__init__
+    ef.ElasticFlowPolicy.__init__ = lambda self, topology, interval=60.0, overhead=None, admission=True: init(
+        self, topology, interval, NO_OVERHEAD, admission)
+
+
+def full_allowance() -> None:
+    """Re-plans keep each admitted job's full migration allowance, not what its plan has left."""
+    from scheduler_service.policy import admission as adm
+    from scheduler_service.policy import elasticflow as ef
+
+    def candidate(self, job_id, status, slot):
+        job, levels = self.jobs[job_id], self.levels[job_id]
+        previous = self.plans.get(job_id) if job_id in self.guaranteed else None
+        return adm.Candidate(job, status[job_id], levels, adm.migration_allowance(job, levels, self.clock), previous)
+
+    ef.ElasticFlowPolicy._candidate = candidate
+
+
+def _front_loaded(orig: Callable) -> Callable:
+    """The reference's plan shape: the MSS share q is found as usual, then the job
+    runs at the level below q from now until that plan's start, at q after it,
+    and the plan ends as soon as it covers."""
+    from scheduler_service.policy import plan as P
+
+    def mss(curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock):
+        plan = orig(curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock)
+        if plan is None or plan.share == levels[0]:
+            return plan
+        q, point = plan.share, plan.runs[0].start
+        below = max(level for level in levels if level < q)
+        target = need * (1 + P.FILL_MARGIN)
+        runs: list[list[int]] = []
+        for a, b, free in timeline.forward(now_slot, clock.slot_after(deadline)):
+            for lo, hi, cap in ((a, min(b, point), below), (max(a, point), b, q)):
+                if lo < hi:
+                    g = P.floor_level(levels, min(cap, free)) if free > 0 else 0
+                    if runs and runs[-1][2] == g:
+                        runs[-1][1] = hi
+                    else:
+                        runs.append([lo, hi, g])
+        out, work = [], 0.0
+        for a, b, g in runs:
+            if not g:
+                continue
+            charge = overhead_left if (a == now_slot and g == current_gpus) else clock.overhead(g)
+            if work + P._work(curve, g, P._span(a, b, deadline, clock.interval), charge) >= target:
+                end = min(b, a + max(1, math.ceil(((target - work) / curve.points[g] + charge) / clock.interval)))
+                while work + P._work(curve, g, P._span(a, end, deadline, clock.interval), charge) < target and end < b:
+                    end += 1
+                out.append(P.Run(a, end, g))
+                return P.Plan(tuple(out), q)
+            out.append(P.Run(a, b, g))
+            work += P._work(curve, g, P._span(a, b, deadline, clock.interval), charge)
+        return plan
+
+    return mss
+
+
+def reference_shape() -> None:
+    """1. The reference's plan shape for every plan (newcomers and re-plans)."""
+    from scheduler_service.policy import admission as adm
+
+    adm.minimum_satisfactory_share = _front_loaded(adm.minimum_satisfactory_share)
+
+
+def reference_shape_full_allowance() -> None:
+    reference_shape()
+    full_allowance()
+
+
+def reference_shape_newcomers() -> None:
+    """2. The reference's shape for newcomers only (a candidate with no plan yet)."""
+    from scheduler_service.policy import admission as adm
+    from scheduler_service.policy import elasticflow as ef
+
+    backwards = adm.minimum_satisfactory_share
+    front = _front_loaded(backwards)
+    plan_one = adm.plan_one
+
+    def one(cand, now_slot, timeline, clock):
+        adm.minimum_satisfactory_share = front if cand.previous is None else backwards
+        try:
+            return plan_one(cand, now_slot, timeline, clock)
+        finally:
+            adm.minimum_satisfactory_share = backwards
+
+    adm.plan_one = ef.plan_one = one
+
+
+def _before_first_arrival(step: Callable) -> None:
+    """Run `step(policy, slot, status)` once per slot, before its first deadline arrival."""
+    from scheduler_service.policy import elasticflow as ef
+
+    arrive = ef.ElasticFlowPolicy._arrive
+
+    def patched(self, job, slot, status):
+        if job.deadline is not None and self.guaranteed and getattr(self, "_stepped", None) != slot:
+            self._stepped = slot
+            step(self, slot, status)
+        return arrive(self, job, slot, status)
+
+    ef.ElasticFlowPolicy._arrive = patched
+
+
+def replan_each_arrival() -> None:
+    """3. Every admitted job re-planned from scratch in deadline order at each slot
+    with an arrival, before admission (kept if every job still fits)."""
+    from scheduler_service.policy import admission as adm
+
+    def refresh(policy, slot, status):
+        cands = [policy._candidate(j, status, slot) for j in policy.guaranteed]
+        replanned = adm.plan_all(cands, slot, policy.topology.num_gpus, policy.clock)
+        if not isinstance(replanned, str):
+            policy.timeline, plans = replanned
+            policy.plans.update(plans)
+
+    _before_first_arrival(refresh)
+
+
+def replan_each_arrival_full_allowance() -> None:
+    replan_each_arrival()
+    full_allowance()
+
+
+def _trim(latest_first: bool) -> Callable[[], None]:
+    def variant() -> None:
+        """4. A job more than a slot of work ahead of its plan is re-planned alone,
+        needing its remaining work and its allowance, so it gives back what it no
+        longer needs."""
+        from scheduler_service.policy import admission as adm
+        from scheduler_service.policy.plan import cover
+
+        def trim(policy, slot, status):
+            order = sorted(policy.guaranteed, key=lambda j: (policy.jobs[j].deadline, j), reverse=latest_first)
+            for job_id in order:
+                job, st, plan, levels = policy.jobs[job_id], status[job_id], policy.plans[job_id], policy.levels[job_id]
+                allowance = adm.migration_allowance(job, levels, policy.clock)
+                have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, policy.clock)
+                if have - st.remaining <= allowance + job.curve.points[levels[0]] * policy.clock.interval:
+                    continue
+                policy.timeline.add(plan.runs, sign=-1, since=slot)
+                new = adm.plan_one(adm.Candidate(job, st, levels, allowance), slot, policy.timeline, policy.clock)
+                policy.timeline.add((new or plan).runs, since=slot)
+                policy.plans[job_id] = new or plan
+
+        _before_first_arrival(trim)
+
+    return variant
+
+
+def _choose_layout(choose: str, hours: float = 0.0) -> Callable[[], None]:
+    def variant() -> None:
+        """5. Full re-plan before the fast path; 6. of the two layouts, the one
+        leaving more GPUs free in the next `hours`."""
+        from scheduler_service.policy import admission as adm
+        from scheduler_service.policy import elasticflow as ef
+        from scheduler_service.policy.interface import RejectReason
+        from scheduler_service.policy.timeline import Timeline
+
+        arrive = ef.ElasticFlowPolicy._arrive
+
+        def patched(self, job, slot, status):
+            levels = self.levels_for(job)
+            if not levels or job.deadline is None or job.deadline <= slot * self.clock.interval:
+                return arrive(self, job, slot, status)
+            cand = adm.Candidate(job, status[job.job_id], levels, adm.migration_allowance(job, levels, self.clock))
+            if adm.plan_one(cand, slot, Timeline(self.topology.num_gpus, slot), self.clock) is None:
+                return arrive(self, job, slot, status)
+            self.levels[job.job_id] = levels
+            fast = adm.plan_one(cand, slot, self.timeline, self.clock)
+            replanned = self._replan_with(cand, slot, status)
+            replanned = None if isinstance(replanned, str) else replanned
+            use_fast = fast is not None and replanned is None
+            if fast is not None and replanned is not None and choose == "free":
+                horizon = slot + round(hours * 3600 / self.clock.interval)
+
+                def free(timeline: Timeline) -> int:
+                    return sum((b - a) * f for a, b, f in timeline.forward(slot, horizon))
+
+                with_fast = self.timeline.copy()
+                with_fast.add(fast.runs)
+                use_fast = free(with_fast) >= free(replanned[0])
+            if use_fast:
+                self._reserve(job, fast, guaranteed=True)
+                return self._admit(job, fast)
+            if replanned is not None:
+                self._adopt(job, replanned)
+                return self._admit(job, self.plans[job.job_id])
+            return self._reject(job, RejectReason.INSUFFICIENT_CAPACITY, "no plan in either layout")
+
+        ef.ElasticFlowPolicy._arrive = patched
+
+    return variant
+
+
+VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
+    "shipped": ("`elasticflow` as shipped", None),
+    "no-overhead": ("restarts cost nothing, in plans and in the simulator", no_overhead),
+    "reference-shape": ("1. the reference's shape (level below from now until the plan's start)", reference_shape),
+    "reference-shape-full-allowance": ("1. the same, re-plans keeping the full allowance",
+                                       reference_shape_full_allowance),
+    "reference-shape-newcomers": ("2. the reference's shape for newcomers only", reference_shape_newcomers),
+    "replan-each-arrival": ("3. every admitted job re-planned at each arrival slot", replan_each_arrival),
+    "replan-each-arrival-full-allowance": ("3. the same, re-plans keeping the full allowance",
+                                           replan_each_arrival_full_allowance),
+    "trim-earliest": ("4. plans trimmed, earliest slots first", _trim(latest_first=False)),
+    "trim-latest": ("4. plans trimmed, latest slots first", _trim(latest_first=True)),
+    "replan-first": ("5. full re-plan before the fast path", _choose_layout("replan")),
+    "free-6h": ("6. the layout leaving more GPUs free in the next 6 h", _choose_layout("free", 6.0)),
+    "free-1h": ("6. the same, next 1 h", _choose_layout("free", 1.0)),
+    "full-allowance": ("re-plans keep the full allowance (alone)", full_allowance),
+}
+
+
+def run_one(task: tuple[str, int]) -> tuple[str, int, float, int]:
+    """One variant on one trace, in a fresh worker (maxtasksperchild=1), so patches never leak."""
+    variant, index = task
+    patch = VARIANTS[variant][1]
+    if patch is not None:
+        patch()
+    _, trace, cluster, gpu, interval = TRACES[index]
+    data = data_dir()
+    experiment = Experiment(data / f"{trace}.csv", data / "clusters" / f"{cluster}.csv",
+                            data / "throughputs" / gpu, interval)
+    _, results = experiment.run(["elasticflow"])
+    return variant, index, results[0].deadline_ratio, results[0].admitted_missed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
+    parser.add_argument("--trace", action="append", choices=[t[0] for t in TRACES], help="default: all")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    variants = args.variant or list(VARIANTS)
+    columns = [i for i, t in enumerate(TRACES) if not args.trace or t[0] in args.trace]
+    tasks = [(v, i) for v in variants for i in columns]
+    cells: dict[tuple[str, int], str] = {}
+    with Pool(args.workers, maxtasksperchild=1) as pool:
+        for variant, index, ratio, missed in pool.imap_unordered(run_one, tasks):
+            cells[(variant, index)] = f"{ratio:.3f}" + (f" [{missed}]" if missed else "")
+            print(f"  {variant:36s} {TRACES[index][0]:17s} {cells[(variant, index)]}", file=sys.stderr, flush=True)
+    print("| variant | " + " | ".join(TRACES[i][0] for i in columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for variant in variants:
+        print(f"| {VARIANTS[variant][0]} | " + " | ".join(cells[(variant, i)] for i in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()

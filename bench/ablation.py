@@ -172,8 +172,9 @@ def replan_each_arrival_full_allowance() -> None:
 def _trim(latest_first: bool) -> Callable[[], None]:
     def variant() -> None:
         """4. A job more than a slot of work ahead of its plan is re-planned alone,
-        needing its remaining work and its allowance, so it gives back what it no
-        longer needs."""
+        backwards from its deadline, needing its remaining work and its allowance,
+        so it gives back what it no longer needs; jobs in deadline order, or the
+        reverse."""
         from scheduler_service.policy import admission as adm
         from scheduler_service.policy.plan import cover
 
@@ -250,8 +251,8 @@ VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
     "replan-each-arrival": ("3. every admitted job re-planned at each arrival slot", replan_each_arrival),
     "replan-each-arrival-full-allowance": ("3. the same, re-plans keeping the full allowance",
                                            replan_each_arrival_full_allowance),
-    "trim-earliest": ("4. plans trimmed, earliest slots first", _trim(latest_first=False)),
-    "trim-latest": ("4. plans trimmed, latest slots first", _trim(latest_first=True)),
+    "trim-soonest-due": ("4. plans trimmed, jobs due soonest first", _trim(latest_first=False)),
+    "trim-latest-due": ("4. the same, jobs due latest first", _trim(latest_first=True)),
     "replan-first": ("5. full re-plan before the fast path", _choose_layout("replan")),
     "free-6h": ("6. the layout leaving more GPUs free in the next 6 h", _choose_layout("free", 6.0)),
     "free-1h": ("6. the same, next 1 h", _choose_layout("free", 1.0)),

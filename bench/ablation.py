@@ -196,10 +196,10 @@ def _trim(latest_first: bool) -> Callable[[], None]:
     return variant
 
 
-def _choose_layout(choose: str, hours: float = 0.0) -> Callable[[], None]:
+def _choose_layout(free_within_h: float | None) -> Callable[[], None]:
     def variant() -> None:
-        """5. Full re-plan before the fast path; 6. of the two layouts, the one
-        leaving more GPUs free in the next `hours`."""
+        """5. (None) Full re-plan before the fast path; 6. of the two layouts, the
+        one leaving more GPUs free in the next `free_within_h` hours."""
         from scheduler_service.policy import admission as adm
         from scheduler_service.policy import elasticflow as ef
         from scheduler_service.policy.interface import RejectReason
@@ -219,8 +219,8 @@ def _choose_layout(choose: str, hours: float = 0.0) -> Callable[[], None]:
             replanned = self._replan_with(cand, slot, status)
             replanned = None if isinstance(replanned, str) else replanned
             use_fast = fast is not None and replanned is None
-            if fast is not None and replanned is not None and choose == "free":
-                horizon = slot + round(hours * 3600 / self.clock.interval)
+            if fast is not None and replanned is not None and free_within_h is not None:
+                horizon = slot + round(free_within_h * 3600 / self.clock.interval)
 
                 def free(timeline: Timeline) -> int:
                     return sum((b - a) * f for a, b, f in timeline.forward(slot, horizon))
@@ -253,9 +253,9 @@ VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
                                            replan_each_arrival_full_allowance),
     "trim-soonest-due": ("4. plans trimmed, jobs due soonest first", _trim(latest_first=False)),
     "trim-latest-due": ("4. the same, jobs due latest first", _trim(latest_first=True)),
-    "replan-first": ("5. full re-plan before the fast path", _choose_layout("replan")),
-    "free-6h": ("6. the layout leaving more GPUs free in the next 6 h", _choose_layout("free", 6.0)),
-    "free-1h": ("6. the same, next 1 h", _choose_layout("free", 1.0)),
+    "replan-first": ("5. full re-plan before the fast path", _choose_layout(None)),
+    "free-6h": ("6. the layout leaving more GPUs free in the next 6 h", _choose_layout(6.0)),
+    "free-1h": ("6. the same, next 1 h", _choose_layout(1.0)),
     "full-allowance": ("re-plans keep the full allowance (alone)", full_allowance),
 }
 

@@ -5,20 +5,25 @@ Each variant patches the policy in the worker process that simulates it,
 so the shipped code stays as it is. Prints one markdown row per variant:
 deadline ratio and, in brackets, admitted jobs that missed.
 
-Run: .venv/bin/python bench/ablation.py                      (all variants, about 3 minutes on 2 cores)
+Run: .venv/bin/python bench/ablation.py                      (all variants, about 4 minutes on 2 cores)
      .venv/bin/python bench/ablation.py --variant shipped --variant reference-shape --trace dev102
+     .venv/bin/python bench/ablation.py --generated --variant shipped --variant reference-shape
+         (100 generated traces: 2 sizes x 5 loads x 10 seeds; about 1.5 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
+import tempfile
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/sweep.py, for --generated
 
 from scheduler_service.simulator.experiment import Experiment, data_dir  # noqa: E402
 
@@ -241,6 +246,34 @@ def _choose_layout(free_within_h: float | None) -> Callable[[], None]:
     return variant
 
 
+def least_laxity_first() -> None:
+    """7. The re-plan of everyone orders jobs by laxity (time to the deadline
+    less the time the rest takes at the widest level), not by deadline."""
+    from scheduler_service.policy import admission as adm
+
+    def plan_all(cands, now_slot, capacity, clock, base=None):
+        now = now_slot * clock.interval
+
+        def laxity(c):
+            return (c.job.deadline - now - c.need / c.job.curve.speed(c.levels[-1]), c.order)
+
+        timeline = adm.Timeline(capacity, now_slot) if base is None else base
+        plans = {}
+        for cand in sorted(cands, key=laxity):
+            plan = adm.plan_one(cand, now_slot, timeline, clock)
+            if plan is None and cand.previous is not None and adm._fits(cand.previous, now_slot, timeline):
+                plan = adm.Plan(cand.previous.future(now_slot), cand.previous.share)
+            if plan is None:
+                return cand.job.job_id
+            timeline.add(plan.runs)
+            plans[cand.job.job_id] = plan
+        return timeline, plans
+
+    from scheduler_service.policy import elasticflow as ef
+
+    adm.plan_all = ef.plan_all = plan_all
+
+
 VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
     "shipped": ("`elasticflow` as shipped", None),
     "no-overhead": ("restarts cost nothing, in plans and in the simulator", no_overhead),
@@ -257,7 +290,29 @@ VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
     "free-6h": ("6. the layout leaving more GPUs free in the next 6 h", _choose_layout(6.0)),
     "free-1h": ("6. the same, next 1 h", _choose_layout(1.0)),
     "full-allowance": ("re-plans keep the full allowance (alone)", full_allowance),
+    "least-laxity-first": ("7. the re-plan of everyone in least-laxity order, not deadline order",
+                           least_laxity_first),
 }
+
+GENERATED_SIZES = ("n4g8", "n8g8")
+GENERATED_LOADS = (1.0, 2.0, 3.0, 4.0, 6.0)
+GENERATED_SEEDS = tuple(range(1, 11))
+
+
+def generated_traces(folder: Path) -> list[tuple[str, str, str, str, float]]:
+    """Traces the policy was never tuned on: bench/sweep.py's, for every size x
+    load x seed, written into `folder`; one column each (size-load-seed)."""
+    import sweep
+
+    rows = []
+    for cluster in GENERATED_SIZES:
+        for load in GENERATED_LOADS:
+            for seed in GENERATED_SEEDS:
+                name = f"gen-{cluster}-load{load:g}-seed{seed}"
+                task = {"kind": "generated", "trace": name, "cluster": cluster, "load": load, "seed": seed}
+                path = sweep._trace_file(task, folder)
+                rows.append((name[4:], str(path.with_suffix("")), cluster, "A100", 60.0))
+    return rows
 
 
 def run_one(task: tuple[str, int]) -> tuple[str, int, float, int]:
@@ -279,19 +334,42 @@ def main() -> None:
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     parser.add_argument("--trace", action="append", choices=[t[0] for t in TRACES], help="default: all")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--generated", action="store_true",
+                        help="run on bench/sweep.py's generated traces instead, and print the mean per size and load")
     args = parser.parse_args()
+    if args.generated:
+        TRACES[:] = generated_traces(Path(tempfile.mkdtemp(prefix="ablation-")))
     variants = args.variant or list(VARIANTS)
     columns = [i for i, t in enumerate(TRACES) if not args.trace or t[0] in args.trace]
     tasks = [(v, i) for v in variants for i in columns]
     cells: dict[tuple[str, int], str] = {}
+    results: dict[tuple[str, int], tuple[float, int]] = {}
     with Pool(args.workers, maxtasksperchild=1) as pool:
         for variant, index, ratio, missed in pool.imap_unordered(run_one, tasks):
+            results[(variant, index)] = (ratio, missed)
             cells[(variant, index)] = f"{ratio:.3f}" + (f" [{missed}]" if missed else "")
             print(f"  {variant:36s} {TRACES[index][0]:17s} {cells[(variant, index)]}", file=sys.stderr, flush=True)
+    if args.generated:
+        print_means(variants, columns, results)
+        return
     print("| variant | " + " | ".join(TRACES[i][0] for i in columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
     for variant in variants:
         print(f"| {VARIANTS[variant][0]} | " + " | ".join(cells[(variant, i)] for i in columns) + " |")
+
+
+def print_means(variants: list[str], columns: list[int], results: dict[tuple[str, int], tuple[float, int]]) -> None:
+    """One row per variant: mean deadline ratio over the seeds of each size and load,
+    and the admitted jobs that missed, summed over all of them."""
+    groups: dict[str, list[int]] = {}
+    for i in columns:
+        groups.setdefault(TRACES[i][0].rsplit("-seed", 1)[0], []).append(i)
+    print("| variant | " + " | ".join(groups) + " | admitted misses |")
+    print("|---" * (len(groups) + 2) + "|")
+    for variant in variants:
+        means = [statistics.mean(results[(variant, i)][0] for i in members) for members in groups.values()]
+        missed = sum(results[(variant, i)][1] for i in columns)
+        print(f"| {VARIANTS[variant][0]} | " + " | ".join(f"{m:.3f}" for m in means) + f" | {missed} |")
 
 
 if __name__ == "__main__":

@@ -335,10 +335,16 @@ def main() -> None:
     parser.add_argument("--trace", action="append", choices=[t[0] for t in TRACES], help="default: all")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--generated", action="store_true",
-                        help="run on bench/sweep.py's generated traces instead, and print the mean per size and load")
+                        help="run on bench/sweep.py's generated traces instead (--trace does not apply), "
+                             "and print the mean per size and load")
     args = parser.parse_args()
-    if args.generated:
-        TRACES[:] = generated_traces(Path(tempfile.mkdtemp(prefix="ablation-")))
+    with tempfile.TemporaryDirectory(prefix="ablation-") as folder:
+        if args.generated:
+            TRACES[:] = generated_traces(Path(folder))
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     variants = args.variant or list(VARIANTS)
     columns = [i for i, t in enumerate(TRACES) if not args.trace or t[0] in args.trace]
     tasks = [(v, i) for v in variants for i in columns]

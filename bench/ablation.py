@@ -249,29 +249,28 @@ def _choose_layout(free_within_h: float | None) -> Callable[[], None]:
 def least_laxity_first() -> None:
     """7. The re-plan of everyone orders jobs by laxity (time to the deadline
     less the time the rest takes at the widest level), not by deadline."""
+    from dataclasses import dataclass, fields
+
     from scheduler_service.policy import admission as adm
-
-    def plan_all(cands, now_slot, capacity, clock, base=None):
-        now = now_slot * clock.interval
-
-        def laxity(c):
-            return (c.job.deadline - now - c.need / c.job.curve.speed(c.levels[-1]), c.order)
-
-        timeline = adm.Timeline(capacity, now_slot) if base is None else base
-        plans = {}
-        for cand in sorted(cands, key=laxity):
-            plan = adm.plan_one(cand, now_slot, timeline, clock)
-            if plan is None and cand.previous is not None and adm._fits(cand.previous, now_slot, timeline):
-                plan = adm.Plan(cand.previous.future(now_slot), cand.previous.share)
-            if plan is None:
-                return cand.job.job_id
-            timeline.add(plan.runs)
-            plans[cand.job.job_id] = plan
-        return timeline, plans
-
     from scheduler_service.policy import elasticflow as ef
 
-    adm.plan_all = ef.plan_all = plan_all
+    @dataclass(frozen=True, slots=True)
+    class ByLaxity(adm.Candidate):
+        now: float = 0.0
+
+        @property
+        def order(self):  # what plan_all sorts by
+            rest_s = self.need / self.job.curve.speed(self.levels[-1])
+            return (self.job.deadline - self.now - rest_s, *adm.Candidate.order.fget(self))  # no super(): slots
+
+    plan_all = adm.plan_all
+
+    def by_laxity(cands, now_slot, capacity, clock, base=None):
+        now = now_slot * clock.interval
+        cands = [ByLaxity(**{f.name: getattr(c, f.name) for f in fields(c)}, now=now) for c in cands]
+        return plan_all(cands, now_slot, capacity, clock, base)
+
+    adm.plan_all = ef.plan_all = by_laxity
 
 
 VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {

@@ -59,6 +59,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.plans: dict[str, Plan] = {}  # deadline jobs with a reservation
         self.guaranteed: set[str] = set()  # those whose plan meets the deadline
         self.by_deadline: list[tuple[float, str]] = []  # (deadline, id) of admitted deadline jobs, sorted
+        self.moved: set[str] = set()  # guaranteed jobs the last placement moved
 
     # -- the one entry point -------------------------------------------------
     def schedule(self, request: SchedulingRequest) -> SchedulingReply:
@@ -70,6 +71,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.timeline.advance(slot)
         for job_id in [j for j in self.plans if self.jobs[j].deadline <= now]:  # type: ignore[operator]
             self._demote(job_id, slot)  # a missed deadline: keep training, best-effort
+        self._restore_allowances(slot, status)
         decisions = []
         for job in sorted(request.arrivals, key=lambda j: (j.submit_time, j.job_id)):
             status.setdefault(job.job_id, JobStatus(job.iterations))
@@ -253,6 +255,23 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.jobs[job_id] = job
         self.levels[job_id] = self.levels_for(job)
 
+    def _restore_allowances(self, slot: int, status: Mapping[str, JobStatus]) -> None:
+        """A job the last placement moved paid an unplanned restart out of its
+        migration allowance. Re-plan it alone on the free timeline with a full
+        allowance again, if there is room, so that the next move does not find
+        it with none; otherwise it keeps its plan (and is pinned sooner)."""
+        for job_id in sorted(self.moved & self.guaranteed):
+            job, st, plan, levels = self.jobs[job_id], status[job_id], self.plans[job_id], self.levels[job_id]
+            allowance = migration_allowance(job, levels, self.clock)
+            have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
+            if have - st.remaining >= allowance:
+                continue
+            self.timeline.add(plan.runs, sign=-1, since=slot)
+            new = plan_one(Candidate(job, st, levels, allowance), slot, self.timeline, self.clock)
+            self.plans[job_id] = plan = new or plan
+            self.timeline.add(plan.runs, since=slot)
+        self.moved = set()
+
     # -- allocation ----------------------------------------------------------
     def _safe(
         self, job_id: str, gpus: int, slot: int, own: JobStatus, status: Mapping[str, JobStatus] | None = None
@@ -272,11 +291,16 @@ class ElasticFlowPolicy(SchedulingPolicy):
 
     def _place(self, slot: int, alloc: dict[str, int], status: Mapping[str, JobStatus]) -> Placement:
         """Place the allocation; if that would move a job that cannot afford a
-        restart, give back the largest new grant of spare GPUs and try again."""
+        restart, give back the largest new grant of spare GPUs and try again.
+        Jobs that can afford one restart but not two are moved only after all
+        others: one moved every time fragmentation strikes spends its
+        allowance a move at a time, and the last move makes it miss."""
         pinned = self._pinned(slot, alloc, status)
+        fragile = self._pinned(slot, alloc, status, restarts=2) - pinned
         while True:
             before = self.placer.snapshot()
-            placement = self.placer.place(alloc, pinned)
+            placement = self.placer.place(alloc, pinned, fragile)
+            self.moved = placement.moved & self.guaranteed
             if not placement.moved & pinned:
                 return placement
             base = {j: (self.plans[j].gpus_at(slot) if j in self.plans else 0) for j in alloc}
@@ -312,21 +336,27 @@ class ElasticFlowPolicy(SchedulingPolicy):
         options.sort(key=lambda o: (-alloc[o[0]], o[0]))
         return next(((j, g) for j, g in options if self._safe(j, g, slot, status[j])), None)
 
-    def _pinned(self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus]) -> set[str]:
-        """Guaranteed jobs that could not absorb an unplanned restart (a migration) now."""
+    def _pinned(
+        self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus], restarts: int = 1
+    ) -> set[str]:
+        """Guaranteed jobs that could not absorb `restarts` unplanned restarts
+        (migrations) now."""
         pinned = set()
         for job_id in self.guaranteed:
             gpus = alloc.get(job_id, 0)
-            if gpus and gpus == status[job_id].gpus and not self._can_restart(job_id, gpus, slot, status):
+            if gpus and gpus == status[job_id].gpus and not self._can_restart(job_id, gpus, slot, status, restarts):
                 pinned.add(job_id)
         return pinned
 
-    def _can_restart(self, job_id: str, gpus: int, slot: int, status: Mapping[str, JobStatus]) -> bool:
+    def _can_restart(
+        self, job_id: str, gpus: int, slot: int, status: Mapping[str, JobStatus], restarts: int = 1
+    ) -> bool:
         job, plan, st = self.jobs[job_id], self.plans[job_id], status[job_id]
+        need = st.remaining + (restarts - 1) * job.curve.points[gpus] * self.clock.overhead(gpus)
         if gpus == plan.gpus_at(slot):
             # Following the plan, but paying a fresh restart for the run under way.
-            return cover(plan, job.curve, slot, job.deadline, -1, 0.0, self.clock) >= st.remaining  # type: ignore[arg-type]
-        return self._safe(job_id, gpus, slot, JobStatus(st.remaining, -1, 0.0), status)
+            return cover(plan, job.curve, slot, job.deadline, -1, 0.0, self.clock) >= need  # type: ignore[arg-type]
+        return self._safe(job_id, gpus, slot, JobStatus(need, -1, 0.0), status)
 
     def _allocate(self, slot: int, status: Mapping[str, JobStatus]) -> dict[str, int]:
         alloc = {job_id: plan.gpus_at(slot) for job_id, plan in self.plans.items()}

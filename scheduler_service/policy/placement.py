@@ -107,13 +107,20 @@ class BuddyPlacer:
         self._alloc = BuddyAllocator(topology.num_gpus)
         self.blocks: dict[str, Block] = {}
         self._pinned: frozenset[str] | set[str] = frozenset()
+        self._fragile: frozenset[str] | set[str] = frozenset()
 
-    def place(self, sizes: Mapping[str, int], pinned: frozenset[str] | set[str] = frozenset()) -> Placement:
+    def place(
+        self,
+        sizes: Mapping[str, int],
+        pinned: frozenset[str] | set[str] = frozenset(),
+        fragile: frozenset[str] | set[str] = frozenset(),
+    ) -> Placement:
         """Place every job with a positive size; jobs absent or at 0 release their GPUs.
 
         A resized job stays inside (or grows around) its old block when it can.
         When fragmentation forces moves, jobs in `pinned` (those that cannot
-        afford a restart) are moved only if nothing else works.
+        afford a restart) are moved only if nothing else works, and jobs in
+        `fragile` (those that can afford one but not two) only after all others.
         """
         total = 0
         for job_id, size in sizes.items():
@@ -123,7 +130,7 @@ class BuddyPlacer:
         if total > self.topology.num_gpus:
             raise PlacementError(f"{total} GPUs requested, the cluster has {self.topology.num_gpus}")
 
-        self._pinned = pinned
+        self._pinned, self._fragile = pinned, fragile
         previous: dict[str, int] = {}
         for job_id in [j for j, (_, size) in self.blocks.items() if sizes.get(j, 0) != size]:
             start, size = self.blocks.pop(job_id)
@@ -176,12 +183,13 @@ class BuddyPlacer:
         for other, (start, bsize) in self.blocks.items():
             for gpu in range(start, start + bsize):
                 owner[gpu] = other
-        best: tuple[int, int, int, int] | None = None
+        best: tuple[int, int, int, int, int] | None = None
         for base in range(0, self.topology.num_gpus - size + 1, size):
             occupants = {owner[g] for g in range(base, base + size) if g in owner}
             if any(self.blocks[j][1] >= size for j in occupants):
                 continue
-            key = (len(occupants & self._pinned), len(occupants), sum(self.blocks[j][1] for j in occupants), base)
+            key = (len(occupants & self._pinned), len(occupants & self._fragile), len(occupants),
+                   sum(self.blocks[j][1] for j in occupants), base)
             if best is None or key < best:
                 best = key
         if best is None:

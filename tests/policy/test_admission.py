@@ -154,3 +154,21 @@ def test_beyond_the_full_re_plan_displacing_a_few_jobs_keeps_the_guarantee(monke
         result = summarize(simulate(jobs, make_policy("elasticflow", Topology(1, 1, 8), 60.0)))
         assert result.admitted_missed == 0
         assert result.admitted > 0 and result.rejected > 0
+
+
+def test_a_job_that_placement_moved_is_re_planned_with_a_whole_migration_allowance_again():
+    from scheduler_service.policy.admission import migration_allowance
+    from scheduler_service.policy.plan import cover
+
+    policy = make_policy("elasticflow", TOPO)
+    a = job("a", 3600, 14_400.0)
+    policy.schedule(SchedulingRequest(0.0, [a]))
+    allowance = migration_allowance(a, policy.levels["a"], policy.clock)
+    # A minute later its plan still holds every iteration, but a move has cost it most of its slack.
+    remaining = cover(policy.plans["a"], CURVE, 1, 14_400.0, 1, 0.0, policy.clock) - allowance / 4
+    status = {"a": JobStatus(remaining, 1)}
+    assert cover(policy.plans["a"], CURVE, 1, 14_400.0, 1, 0.0, policy.clock) - remaining < allowance
+    policy.moved = {"a"}
+    policy.schedule(SchedulingRequest(60.0, [], status=status))
+    assert cover(policy.plans["a"], CURVE, 1, 14_400.0, 1, 0.0, policy.clock) - remaining >= allowance
+    assert policy.timeline.free_at(1) + policy.plans["a"].gpus_at(1) == 8  # the old plan was released

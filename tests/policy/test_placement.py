@@ -81,6 +81,26 @@ def test_fragmentation_is_resolved_by_moving_one_unpinned_job():
     assert placement.blocks["big"] == (4, 2)
 
 
+def test_a_job_with_only_one_restart_left_is_moved_only_after_the_others():
+    topo = Topology(1, 2, 4)
+    singles = {f"j{i}": 1 for i in range(8)}
+
+    def fragmented() -> tuple[BuddyPlacer, dict[int, str]]:
+        placer = BuddyPlacer(topo)
+        at = {start: job_id for job_id, (start, _) in placer.place(singles).blocks.items()}
+        placer.place({j: 1 for j in singles if j not in (at[0], at[4])})  # GPUs 0 and 4 free
+        return placer, at
+
+    rest = {j: 1 for j in singles}
+    placer, at = fragmented()
+    del rest[at[0]], rest[at[4]]
+    assert placer.place({**rest, "big": 2}).moved == {at[1]}  # the lowest of two equal blocks
+    placer, at = fragmented()
+    placement = placer.place({**rest, "big": 2}, fragile={at[1]})
+    check(placement, {**rest, "big": 2}, topo)
+    assert placement.moved == {at[5]}
+
+
 def test_a_held_block_is_kept_at_the_same_size_and_only_aligned_free_blocks_can_be_held() -> None:
     placer = BuddyPlacer(Topology(1, 1, 8))
     assert placer.hold("a", (4, 5, 6, 7))

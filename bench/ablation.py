@@ -6,15 +6,14 @@ so the shipped code stays as it is. Prints one markdown row per variant:
 deadline ratio and, in brackets, admitted jobs that missed.
 
 Run: .venv/bin/python bench/ablation.py                      (all variants, about 4 minutes on 2 cores)
-     .venv/bin/python bench/ablation.py --variant shipped --variant reference-shape --trace dev102
-     .venv/bin/python bench/ablation.py --generated --variant shipped --variant reference-shape
+     .venv/bin/python bench/ablation.py --variant shipped --variant backward-filled --trace dev102
+     .venv/bin/python bench/ablation.py --generated --variant shipped --variant backward-filled
          (100 generated traces: 2 sizes x 5 loads x 10 seeds; about 1.5 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import tempfile
@@ -68,75 +67,45 @@ def full_allowance() -> None:
     ef.ElasticFlowPolicy._candidate = candidate
 
 
-def _front_loaded(orig: Callable) -> Callable:
-    """The reference's plan shape: the MSS share q is found as usual, then the job
-    runs at the level below q from now until that plan's start, at q after it,
-    and the plan ends as soon as it covers."""
-    from scheduler_service.policy import plan as P
-
-    def mss(curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock):
-        plan = orig(curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock)
-        if plan is None or plan.share == levels[0]:
-            return plan
-        q, point = plan.share, plan.runs[0].start
-        below = max(level for level in levels if level < q)
-        target = need * (1 + P.FILL_MARGIN)
-        runs: list[list[int]] = []
-        for a, b, free in timeline.forward(now_slot, clock.slot_after(deadline)):
-            for lo, hi, cap in ((a, min(b, point), below), (max(a, point), b, q)):
-                if lo < hi:
-                    g = P.floor_level(levels, min(cap, free)) if free > 0 else 0
-                    if runs and runs[-1][2] == g:
-                        runs[-1][1] = hi
-                    else:
-                        runs.append([lo, hi, g])
-        out, work = [], 0.0
-        for a, b, g in runs:
-            if not g:
-                continue
-            charge = overhead_left if (a == now_slot and g == current_gpus) else clock.overhead(g)
-            if work + P._work(curve, g, P._span(a, b, deadline, clock.interval), charge) >= target:
-                end = min(b, a + max(1, math.ceil(((target - work) / curve.points[g] + charge) / clock.interval)))
-                while work + P._work(curve, g, P._span(a, end, deadline, clock.interval), charge) < target and end < b:
-                    end += 1
-                out.append(P.Run(a, end, g))
-                return P.Plan(tuple(out), q)
-            out.append(P.Run(a, b, g))
-            work += P._work(curve, g, P._span(a, b, deadline, clock.interval), charge)
-        return plan
-
-    return mss
-
-
-def reference_shape() -> None:
-    """1. The reference's plan shape for every plan (newcomers and re-plans)."""
-    from scheduler_service.policy import admission as adm
-
-    adm.minimum_satisfactory_share = _front_loaded(adm.minimum_satisfactory_share)
-
-
-def reference_shape_full_allowance() -> None:
-    reference_shape()
-    full_allowance()
-
-
-def reference_shape_newcomers() -> None:
-    """2. The reference's shape for newcomers only (a candidate with no plan yet)."""
+def no_allowance() -> None:
+    """New plans carry no migration allowance (no slack for an unplanned restart)."""
     from scheduler_service.policy import admission as adm
     from scheduler_service.policy import elasticflow as ef
 
-    backwards = adm.minimum_satisfactory_share
-    front = _front_loaded(backwards)
-    plan_one = adm.plan_one
+    adm.migration_allowance = ef.migration_allowance = lambda *args: 0.0
 
-    def one(cand, now_slot, timeline, clock):
-        adm.minimum_satisfactory_share = front if cand.previous is None else backwards
-        try:
-            return plan_one(cand, now_slot, timeline, clock)
-        finally:
-            adm.minimum_satisfactory_share = backwards
 
-    adm.plan_one = ef.plan_one = one
+def backward_filled() -> None:
+    """1. Plans stay as progressive filling lays them, backwards from the deadline
+    (the paper's description, shipped before): not moved forward."""
+    from scheduler_service.policy import plan as P
+
+    P.front_load = lambda plan, *args: plan
+
+
+def deadline_order() -> None:
+    """6. The re-plan of everyone goes in deadline order, not least laxity first."""
+    from scheduler_service.policy import admission as adm
+
+    adm.Candidate.order = lambda self, now: (self.job.deadline, self.job.submit_time, self.job.job_id)
+
+
+def no_fragile_tier() -> None:
+    """7. Placement does not spare jobs that can absorb one restart but not two."""
+    from scheduler_service.policy import elasticflow as ef
+
+    pinned = ef.ElasticFlowPolicy._pinned
+    ef.ElasticFlowPolicy._pinned = lambda self, slot, alloc, status, restarts=1: pinned(self, slot, alloc, status)
+
+
+def no_restore() -> None:
+    """8. A job that placement moved is not re-planned with a fresh allowance."""
+    from scheduler_service.policy import elasticflow as ef
+
+    def forget(self, slot, status):
+        self.moved = set()
+
+    ef.ElasticFlowPolicy._restore_allowances = forget
 
 
 def _before_first_arrival(step: Callable) -> None:
@@ -155,7 +124,7 @@ def _before_first_arrival(step: Callable) -> None:
 
 
 def replan_each_arrival() -> None:
-    """3. Every admitted job re-planned from scratch in deadline order at each slot
+    """2. Every admitted job re-planned from scratch in deadline order at each slot
     with an arrival, before admission (kept if every job still fits)."""
     from scheduler_service.policy import admission as adm
 
@@ -169,15 +138,10 @@ def replan_each_arrival() -> None:
     _before_first_arrival(refresh)
 
 
-def replan_each_arrival_full_allowance() -> None:
-    replan_each_arrival()
-    full_allowance()
-
-
 def _trim(latest_first: bool) -> Callable[[], None]:
     def variant() -> None:
-        """4. A job more than a slot of work ahead of its plan is re-planned alone,
-        backwards from its deadline, needing its remaining work and its allowance,
+        """3. A job more than a slot of work ahead of its plan is re-planned alone,
+        needing its remaining work and its allowance,
         so it gives back what it no longer needs; jobs in deadline order, or the
         reverse."""
         from scheduler_service.policy import admission as adm
@@ -203,7 +167,7 @@ def _trim(latest_first: bool) -> Callable[[], None]:
 
 def _choose_layout(free_within_h: float | None) -> Callable[[], None]:
     def variant() -> None:
-        """5. (None) Full re-plan before the fast path; 6. of the two layouts, the
+        """4. (None) Full re-plan before the fast path; 5. of the two layouts, the
         one leaving more GPUs free in the next `free_within_h` hours."""
         from scheduler_service.policy import admission as adm
         from scheduler_service.policy import elasticflow as ef
@@ -246,51 +210,21 @@ def _choose_layout(free_within_h: float | None) -> Callable[[], None]:
     return variant
 
 
-def least_laxity_first() -> None:
-    """7. The re-plan of everyone orders jobs by laxity (time to the deadline
-    less the time the rest takes at the widest level), not by deadline."""
-    from dataclasses import dataclass, fields
-
-    from scheduler_service.policy import admission as adm
-    from scheduler_service.policy import elasticflow as ef
-
-    @dataclass(frozen=True, slots=True)
-    class ByLaxity(adm.Candidate):
-        now: float = 0.0
-
-        @property
-        def order(self):  # what plan_all sorts by
-            rest_s = self.need / self.job.curve.speed(self.levels[-1])
-            return (self.job.deadline - self.now - rest_s, *adm.Candidate.order.fget(self))  # no super(): slots
-
-    plan_all = adm.plan_all
-
-    def by_laxity(cands, now_slot, capacity, clock, base=None):
-        now = now_slot * clock.interval
-        cands = [ByLaxity(**{f.name: getattr(c, f.name) for f in fields(c)}, now=now) for c in cands]
-        return plan_all(cands, now_slot, capacity, clock, base)
-
-    adm.plan_all = ef.plan_all = by_laxity
-
-
 VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
     "shipped": ("`elasticflow` as shipped", None),
+    "no-allowance": ("no migration allowance on new plans", no_allowance),
     "no-overhead": ("restarts cost nothing, in plans and in the simulator", no_overhead),
-    "reference-shape": ("1. the reference's shape (level below from now until the plan's start)", reference_shape),
-    "reference-shape-full-allowance": ("1. the same, re-plans keeping the full allowance",
-                                       reference_shape_full_allowance),
-    "reference-shape-newcomers": ("2. the reference's shape for newcomers only", reference_shape_newcomers),
-    "replan-each-arrival": ("3. every admitted job re-planned at each arrival slot", replan_each_arrival),
-    "replan-each-arrival-full-allowance": ("3. the same, re-plans keeping the full allowance",
-                                           replan_each_arrival_full_allowance),
-    "trim-soonest-due": ("4. plans trimmed, jobs due soonest first", _trim(latest_first=False)),
-    "trim-latest-due": ("4. the same, jobs due latest first", _trim(latest_first=True)),
-    "replan-first": ("5. full re-plan before the fast path", _choose_layout(None)),
-    "free-6h": ("6. the layout leaving more GPUs free in the next 6 h", _choose_layout(6.0)),
-    "free-1h": ("6. the same, next 1 h", _choose_layout(1.0)),
-    "full-allowance": ("re-plans keep the full allowance (alone)", full_allowance),
-    "least-laxity-first": ("7. the re-plan of everyone in least-laxity order, not deadline order",
-                           least_laxity_first),
+    "backward-filled": ("1. plans filled backwards from the deadline, not moved forward", backward_filled),
+    "replan-each-arrival": ("2. every admitted job re-planned at each arrival slot", replan_each_arrival),
+    "trim-soonest-due": ("3. plans trimmed, jobs due soonest first", _trim(latest_first=False)),
+    "trim-latest-due": ("3. the same, jobs due latest first", _trim(latest_first=True)),
+    "replan-first": ("4. full re-plan before the fast path", _choose_layout(None)),
+    "free-6h": ("5. the layout leaving more GPUs free in the next 6 h", _choose_layout(6.0)),
+    "free-1h": ("5. the same, next 1 h", _choose_layout(1.0)),
+    "full-allowance": ("re-plans keep the full allowance", full_allowance),
+    "deadline-order": ("6. the re-plan of everyone in deadline order, not least laxity first", deadline_order),
+    "no-fragile-tier": ("7. placement does not spare jobs with one restart left", no_fragile_tier),
+    "no-restore": ("8. a moved job gets no fresh allowance", no_restore),
 }
 
 GENERATED_SIZES = ("n4g8", "n8g8")

@@ -2,10 +2,17 @@
 its deadline without breaking any admitted job's plan.
 
 Two attempts, cheapest first: plan the newcomer against the free timeline as
-it is; if that fails, re-plan every admitted job and the newcomer in deadline
-order on an empty timeline (admitted jobs that ran ahead of their plans need
-less now, which can make room). A rejection says which constraint failed and
-the earliest deadline that would be admitted right now.
+it is; if that fails, re-plan every admitted job and the newcomer on an
+empty timeline (admitted jobs that ran ahead of their plans need less now,
+which can make room). A rejection says which constraint failed and the
+earliest deadline that would be admitted right now.
+
+The re-plan goes in order of least laxity (time to the deadline less the
+time the rest takes at the widest level), not of deadline: a job due later
+that cannot wait is planned before one due sooner that can, so the jobs
+with room to move are the ones laid around the others. On 100 generated
+traces that admits 0.01-0.09 more of the jobs than deadline order at every
+load, with the same guarantee (docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -40,10 +47,15 @@ class Candidate:
     def need(self) -> float:
         return self.status.remaining + self.slack
 
-    @property
-    def order(self) -> tuple[float, float, str]:
+    def laxity(self, now: float) -> float:
+        """Seconds the job can still wait and finish at its widest level."""
         assert self.job.deadline is not None
-        return (self.job.deadline, self.job.submit_time, self.job.job_id)
+        return self.job.deadline - now - self.need / self.job.curve.speed(self.levels[-1])
+
+    def order(self, now: float) -> tuple[float, float, float, str]:
+        """Re-plans go least laxity first; ties by deadline, then arrival."""
+        assert self.job.deadline is not None
+        return (self.laxity(now), self.job.deadline, self.job.submit_time, self.job.job_id)
 
 
 def migration_allowance(job: Job, levels: tuple[int, ...], clock: SlotClock) -> float:
@@ -65,12 +77,13 @@ def plan_one(cand: Candidate, now_slot: int, timeline: Timeline, clock: SlotCloc
 def plan_all(
     cands: Iterable[Candidate], now_slot: int, capacity: int, clock: SlotClock, base: Timeline | None = None
 ) -> tuple[Timeline, dict[str, Plan]] | str:
-    """MSS plans for all candidates in deadline order, on `base` (what jobs
-    left out of the re-plan hold) or an empty timeline; or the id of the
+    """MSS plans for all candidates, least laxity first, on `base` (what
+    jobs left out of the re-plan hold) or an empty timeline; or the id of the
     first job that cannot be planned."""
     timeline = Timeline(capacity, now_slot) if base is None else base
+    now = now_slot * clock.interval
     plans: dict[str, Plan] = {}
-    for cand in sorted(cands, key=lambda c: c.order):
+    for cand in sorted(cands, key=lambda c: c.order(now)):
         plan = plan_one(cand, now_slot, timeline, clock)
         if plan is None and cand.previous is not None and _fits(cand.previous, now_slot, timeline):
             plan = Plan(cand.previous.future(now_slot), cand.previous.share)  # keep what already worked
@@ -87,7 +100,7 @@ def displace(
     """Make room for `cand` by re-planning a few admitted jobs with later
     deadlines (`movable`, most promising first, each with its current plan
     as `previous`): take their plans out one by one until the newcomer fits,
-    then re-plan them in deadline order around it. Costs a few plans, not
+    then re-plan them, least laxity first, around it. Costs a few plans, not
     one per admitted job; returns the newcomer's id if that does not work."""
     work = timeline.copy()
     removed: list[Candidate] = []
@@ -101,7 +114,7 @@ def displace(
         trial = work.copy()
         trial.add(plan.runs)
         plans = {cand.job.job_id: plan}
-        for moved in sorted(removed, key=lambda c: c.order):
+        for moved in sorted(removed, key=lambda c: c.order(now_slot * clock.interval)):
             again = plan_one(moved, now_slot, trial, clock)
             if again is None:
                 break

@@ -156,6 +156,26 @@ def test_beyond_the_full_re_plan_displacing_a_few_jobs_keeps_the_guarantee(monke
         assert result.admitted > 0 and result.rejected > 0
 
 
+def test_the_re_plan_of_everyone_plans_the_job_that_cannot_wait_first_even_if_it_is_due_later():
+    from scheduler_service.policy.admission import Candidate, plan_all
+    from scheduler_service.policy.overhead import PAPER_OVERHEAD
+    from scheduler_service.policy.plan import SlotClock
+
+    clock = SlotClock(60.0, PAPER_OVERHEAD)
+    levels = CURVE.capped(8)
+    # Due at 20 min, it needs the whole cluster for all but about 2 of them: little laxity.
+    tight = job("tight", 5800, 1200.0)
+    # Due at 10 min, it needs under 2 minutes of the whole cluster: much laxity, but due sooner.
+    loose = job("loose", 550, 600.0)
+    cands = [Candidate(j, JobStatus(j.iterations), levels) for j in (loose, tight)]
+    assert cands[1].laxity(0.0) < cands[0].laxity(0.0)
+    # Both do not fit. Deadline order would plan `loose` first and fail on `tight`;
+    # least laxity plans `tight` and names `loose` as the one that cannot be planned.
+    assert plan_all(cands, 0, 8, clock) == "loose"
+    timeline, plans = plan_all(cands[1:], 0, 8, clock)
+    assert plans["tight"].share == 8
+
+
 def test_a_job_that_placement_moved_is_re_planned_with_a_whole_migration_allowance_again():
     from scheduler_service.policy.admission import migration_allowance
     from scheduler_service.policy.plan import cover

@@ -65,6 +65,21 @@ def test_backward_filling_starts_as_late_as_possible_at_the_cheapest_width():
     assert run.end == 100 and run.start == 89  # 600 s of work + a restart, rounded to slots
 
 
+def test_a_share_above_the_lowest_level_runs_from_now_at_the_level_below_then_at_the_share():
+    tl = Timeline(8)
+    need, deadline = 7000.0, 60.0 * 100  # more than 1 GPU delivers in 100 slots, less than 2 do
+    plan = minimum_satisfactory_share(CURVE, CURVE.capped(8), need, 0, deadline, tl, 0, 0.0, CLOCK)
+    assert plan is not None and plan.share == 2
+    below, at_share = plan.runs
+    assert (below.start, below.gpus) == (0, 1) and (at_share.start, at_share.gpus) == (below.end, 2)
+    filled, _ = fill(CURVE, CURVE.capped(8), need, 0, deadline, 2, tl, 0, 0.0, CLOCK)
+    assert at_share.start == filled[0].start  # the switch is where the backward-filled plan starts
+    assert at_share.end < 100  # so it finishes before the deadline, handing the last slots back
+    assert cover(plan, CURVE, 0, deadline, 0, 0.0, CLOCK) >= need
+    assert cover(Plan(plan.runs[:1] + (Run(at_share.start, at_share.end - 1, 2),), 2), CURVE, 0, deadline, 0, 0.0,
+                 CLOCK) < need  # and not a slot later than it must
+
+
 def test_running_at_the_planned_width_pays_no_new_restart():
     plan = Plan((Run(0, 10, 2),), 2)
     fresh = cover(plan, CURVE, 0, 600.0, 0, 0.0, CLOCK)

@@ -13,7 +13,7 @@ plan starts, q after, ending as soon as the work is covered. A plan filled
 backwards holds the slots just before its deadline, which are the ones that
 jobs arriving later with similar deadlines need; moved forward it uses what
 is free now and hands the future back early. On 100 generated traces that
-is worth 0.01-0.15 of deadline ratio at every load (docs/scheduling.md).
+is worth 0.03-0.21 of deadline ratio at every load (docs/scheduling.md).
 
 Every maximal run of constant width pays one restart overhead at its start,
 except a run that begins now at the width the job already runs at. Charging

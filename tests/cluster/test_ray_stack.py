@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import stack_settings, wait_until
+from tests.stack import stack_settings, state_names, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Seeded profile where only 4 slots meet the deadline below (the real CPU rate
@@ -69,7 +69,11 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
 
         run = wait_until(final, 300, "the run to finish")
         assert run.state.is_completed(), (run.state, worker_log.read_text()[-3000:])
-        assert run.run_count == 1
+        # The same flow run, never relaunched by Prefect: a relaunch passes through
+        # Pending again. (run_count also counts each Rescaling -> Running: a plan
+        # runs at the level below its share first, and a slow launch on Ray can
+        # cost it the spare GPUs it started on until its plan rises.)
+        assert state_names(run_id).count("Pending") == 1
         assert run.labels.get("elasticflow.admission") == "admitted"
         assert str(run.labels.get("elasticflow.mss")) == "4"
         assert set(str(run.labels.get("elasticflow.nodes")).split(",")) == {"ray-node-0", "ray-node-1"}
@@ -170,7 +174,7 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flo
 
         ended = wait_until(final, 400, "the run to finish")
         assert ended.state.is_completed(), (ended.state, worker_log.read_text()[-3000:])
-        assert ended.run_count == 1  # the same flow run
+        assert state_names(run_id).count("Pending") == 1  # the same flow run, never relaunched
         assert iteration() == 20000
         assert ended.labels.get("elasticflow.nodes") == "ray-node-0"  # where it finished
         assert "1 switch x 1 nodes x 2 GPUs" in worker_log.read_text()

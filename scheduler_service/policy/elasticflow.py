@@ -256,14 +256,19 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.levels[job_id] = self.levels_for(job)
 
     def _restore_allowances(self, slot: int, status: Mapping[str, JobStatus]) -> None:
-        """A job the last placement moved paid an unplanned restart out of its
-        migration allowance. Re-plan it alone on the free timeline with a full
-        allowance again, if there is room, so that the next move does not find
-        it with none; otherwise it keeps its plan (and is pinned sooner)."""
-        for job_id in sorted(self.moved & self.guaranteed):
+        """Give a job that lost ground against its plan a whole migration
+        allowance again: one the last placement moved (an unplanned restart,
+        paid out of its allowance) or, in the service, one that ran slower than
+        planned (a launch slower than the restart charged, a speed below its
+        profile) until its plan no longer covers it. It is re-planned alone on
+        the free timeline, if there is room, so the next move does not find it
+        with no slack; otherwise it keeps its plan (and is pinned sooner)."""
+        for job_id in sorted(self.guaranteed):
             job, st, plan, levels = self.jobs[job_id], status[job_id], self.plans[job_id], self.levels[job_id]
-            allowance = migration_allowance(job, levels, self.clock)
             have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
+            if job_id not in self.moved and have >= st.remaining:
+                continue  # on its plan
+            allowance = migration_allowance(job, levels, self.clock)
             if have - st.remaining >= allowance:
                 continue
             self.timeline.add(plan.runs, sign=-1, since=slot)

@@ -192,3 +192,23 @@ def test_a_job_that_placement_moved_is_re_planned_with_a_whole_migration_allowan
     policy.schedule(SchedulingRequest(60.0, [], status=status))
     assert cover(policy.plans["a"], CURVE, 1, 14_400.0, 1, 0.0, policy.clock) - remaining >= allowance
     assert policy.timeline.free_at(1) + policy.plans["a"].gpus_at(1) == 8  # the old plan was released
+
+
+def test_a_job_that_fell_behind_its_plan_is_re_planned_and_keeps_the_spare_gpus_it_runs_on():
+    """In the service a launch can take longer than the restart the plan
+    charged. The job has then fallen behind its plan; re-planned on the free
+    cluster it keeps the 4 GPUs it started on instead of dropping to the 2 its
+    old plan held now and growing back later (two needless resizes)."""
+    from scheduler_service.policy.overhead import RestartOverhead
+    from scheduler_service.policy.plan import cover
+
+    curve = ThroughputCurve({1: 10.0, 2: 19.0, 4: 36.0})
+    policy = make_policy("elasticflow", Topology(1, 1, 4), interval=2.0)
+    policy.clock = type(policy.clock)(2.0, RestartOverhead(0.5, 0.5, 0.0))
+    reply = policy.schedule(SchedulingRequest(0.0, [job("a", 3000, 150.0, curve=curve)]))
+    assert reply.decisions[0].share == 4 and policy.plans["a"].gpus_at(0) == 2  # the level below first
+    assert reply.allocation == {"a": 4}  # the rest of the idle cluster on top
+    for now in (2.0, 4.0, 6.0):  # still starting: no iteration done yet
+        reply = policy.schedule(SchedulingRequest(now, [], status={"a": JobStatus(3000, 4)}))
+        assert reply.allocation == {"a": 4}
+    assert cover(policy.plans["a"], curve, 3, 150.0, 4, 0.0, policy.clock) >= 3000

@@ -99,7 +99,8 @@ def no_fragile_tier() -> None:
 
 
 def no_restore() -> None:
-    """8. A job that placement moved is not re-planned with a fresh allowance."""
+    """8. A job that lost ground (placement moved it, or it fell behind its plan)
+    is not re-planned with a fresh allowance."""
     from scheduler_service.policy import elasticflow as ef
 
     def forget(self, slot, status):
@@ -224,7 +225,7 @@ VARIANTS: dict[str, tuple[str, Callable[[], None] | None]] = {
     "full-allowance": ("re-plans keep the full allowance", full_allowance),
     "deadline-order": ("6. the re-plan of everyone in deadline order, not least laxity first", deadline_order),
     "no-fragile-tier": ("7. placement does not spare jobs with one restart left", no_fragile_tier),
-    "no-restore": ("8. a moved job gets no fresh allowance", no_restore),
+    "no-restore": ("8. a job that lost ground gets no fresh allowance", no_restore),
 }
 
 GENERATED_SIZES = ("n4g8", "n8g8")

@@ -161,7 +161,9 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flo
             except (OSError, ValueError):
                 return 0
 
-        wait_until(lambda: "launched on 4 GPUs" in worker_log.read_text(), 180, "the run to launch on 4 GPUs")
+        # On both nodes: launched there, or grown there from its plan's first level (2 GPUs).
+        wait_until(lambda: re.search(r"(launched on|now on) 4 GPUs", worker_log.read_text()), 180,
+                   "the run to train on 4 GPUs")
         wait_until(lambda: iteration() > 600, 180, "the run to train")
         os.kill(_raylet_of("ray-node-1", os.environ["ELASTICFLOW_RAY_ADDRESS"]), signal.SIGKILL)
         wait_until(lambda: "cluster changed: lost ray-node-1" in worker_log.read_text(), 120,

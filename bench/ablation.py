@@ -5,7 +5,7 @@ Each variant patches the policy in the worker process that simulates it,
 so the shipped code stays as it is. Prints one markdown row per variant:
 deadline ratio and, in brackets, admitted jobs that missed.
 
-Run: .venv/bin/python bench/ablation.py                      (all variants, about 4 minutes on 2 cores)
+Run: .venv/bin/python bench/ablation.py                      (all variants, about 15 minutes on 2 cores)
      .venv/bin/python bench/ablation.py --variant shipped --variant backward-filled --trace dev102
      .venv/bin/python bench/ablation.py --generated --variant shipped --variant backward-filled
          (100 generated traces: 2 sizes x 5 loads x 10 seeds; about 1.5 minutes)

@@ -1,6 +1,8 @@
-"""What the scheduler service tells the rest of the world, typed once: the
-names of the states it gives flow runs, the actions of its allocation
-history, and a rejection (reason, message, earliest feasible deadline).
+"""What the scheduler service tells the rest of the world, typed once: a
+run's phase (the store, `elasticflow status`, the control loop and the UI
+say the same words), the names of the states it gives flow runs, its labels
+and events, the actions of its allocation history, and a rejection (reason,
+message, earliest feasible deadline).
 
 The worker writes a rejection here and `train_model` (elasticflow_block)
 reads it back here, through the run's labels, so neither parses the other's
@@ -39,18 +41,105 @@ class AllocationAction(str, Enum):
     RELEASE = "release"  # its process ended: every GPU is free
 
 
-class ServiceReason(str, Enum):
-    """Rejections decided by the service itself, before the policy sees a run
-    (the policy's own are `scheduler_service.policy.RejectReason`)."""
+class RunPhase(str, Enum):
+    """Where a run is in its life at the service. The values are what the
+    store has always kept (`ef_job.status`); `shown` is the word `elasticflow
+    status` prints, which says what the run waits for."""
+
+    ARRIVED = "arrived"  # taken in, not decided yet
+    PROFILING = "profiling"  # its model's throughput being measured before the decision
+    ADMITTED = "admitted"  # admitted, waiting for GPUs
+    RUNNING = "running"  # launched: its process holds GPUs
+    RESCALING = "rescaling"  # running, moving to a new GPU set it has not acknowledged yet (never stored)
+    REJECTED = "rejected"
+    FINISHED = "finished"  # its process ended (or it left before it started)
+
+    @property
+    def shown(self) -> str:
+        return _SHOWN.get(self, self.value)
+
+    @property
+    def live(self) -> bool:
+        """Still the service's to watch after a restart."""
+        return self in (RunPhase.ARRIVED, RunPhase.PROFILING, RunPhase.ADMITTED, RunPhase.RUNNING)
+
+
+_SHOWN = {RunPhase.ARRIVED: "deciding", RunPhase.ADMITTED: "admitted-waiting"}
+
+
+class RejectionReason(str, Enum):
+    """Why a run was not admitted: decided by the service before the policy
+    sees a run, or by the policy (whose `RejectReason` uses the same values)."""
 
     INVALID_PARAMETERS = "invalid_parameters"
     PROFILING_FAILED = "profiling_failed"
     SOONER_THAN_START_UP = "deadline_sooner_than_start_up"  # in the future, but closer than a run takes to start
+    DEADLINE_PASSED = "deadline_passed"
+    INFEASIBLE_ALONE = "infeasible_even_on_an_idle_cluster"
+    INSUFFICIENT_CAPACITY = "gpus_reserved_by_admitted_jobs"
+    NO_USABLE_GPU_COUNT = "no_usable_gpu_count"
+    WINDOW_IN_DEMAND = "window_too_busy_for_its_size"
+    REJECTED = "rejected"  # a policy that gave no reason (a baseline)
+    UNKNOWN = "unknown"  # read back from a run whose state says no reason (an older service)
+
+    @classmethod
+    def read(cls, value: object) -> "RejectionReason":
+        try:
+            return cls(str(getattr(value, "value", value)))
+        except ValueError:
+            return cls.UNKNOWN
+
+
+ServiceReason = RejectionReason  # removed once the worker is on the control loop
+
+
+class Label(str, Enum):
+    """Flow-run labels the service writes (programs and automations read them)."""
+
+    MSS = "elasticflow.mss"
+    ADMISSION = "elasticflow.admission"
+    GUARANTEE = "elasticflow.guarantee"
+    GPUS = "elasticflow.gpus"
+    WORLD_SIZE = "elasticflow.world_size"
+    NODES = "elasticflow.nodes"
+    REJECTION_REASON = "elasticflow.rejection.reason"
+    REJECTION_EARLIEST = "elasticflow.rejection.earliest_feasible_deadline"
+    # written by the training flow about its own progress
+    ITERATION = "elasticflow.iteration"
+    TOTAL_ITERATIONS = "elasticflow.total_iterations"
+    ITERATIONS_PER_S = "elasticflow.iterations_per_s"
+    PROJECTED_FINISH = "elasticflow.projected_finish"
+    ON_TRACK = "elasticflow.on_track"
+
+
+class EventName(str, Enum):
+    """Events the service emits (an automation's trigger names these)."""
+
+    DECISION = "elasticflow.decision"
+    ALLOCATION_CHANGED = "elasticflow.allocation.changed"
+    GUARANTEE_LOST = "elasticflow.guarantee.lost"
+    DEADLINE_AT_RISK = "elasticflow.deadline.at-risk"
+    DEADLINE_RECOVERED = "elasticflow.deadline.recovered"
+    CLUSTER_CHANGED = "elasticflow.cluster.changed"
+    NODES_LOST = "elasticflow.run.nodes-lost"
+
+
+CLUSTER_RESOURCE = "elasticflow.cluster"  # the resource cluster events are about
+
+
+def node_resource(node: str) -> str:
+    """A node as a related resource of an event."""
+    return f"elasticflow.node.{node}"
+
+
+def training_event(what: str) -> str:
+    """An event the training flow emits about itself (`elasticflow.training.<what>`)."""
+    return f"elasticflow.training.{what}"
 
 
 EARLIEST = "; earliest feasible deadline "
-LABEL_REASON = "elasticflow.rejection.reason"
-LABEL_EARLIEST = "elasticflow.rejection.earliest_feasible_deadline"
+LABEL_REASON = Label.REJECTION_REASON.value
+LABEL_EARLIEST = Label.REJECTION_EARLIEST.value
 NO_DATE = "beyond any date"  # an earliest deadline past year 9999 (a run too long to finish)
 
 
@@ -67,20 +156,20 @@ def epoch_to_datetime(seconds: float | None) -> datetime | None:
 class Rejection(BaseModel):
     """Why a run was not admitted, and the earliest deadline that would have been."""
 
-    reason: str  # a ServiceReason or policy RejectReason value
+    reason: RejectionReason
     message: str
     earliest_feasible_deadline: datetime | None = None
     beyond_any_date: bool = False  # the earliest deadline exists but is too far to be a date
 
     @classmethod
-    def of(cls, reason: str, message: str, earliest_epoch: float | None) -> "Rejection":
+    def of(cls, reason: object, message: str, earliest_epoch: float | None) -> "Rejection":
         moment = epoch_to_datetime(earliest_epoch)
-        return cls(reason=reason, message=message, earliest_feasible_deadline=moment,
+        return cls(reason=RejectionReason.read(reason), message=message, earliest_feasible_deadline=moment,
                    beyond_any_date=earliest_epoch is not None and moment is None)
 
     def state_message(self) -> str:
         """What the Rejected state says to a person."""
-        text = f"{self.reason}: {self.message}"
+        text = f"{self.reason.value}: {self.message}"
         if self.earliest_feasible_deadline is not None:
             text += f"{EARLIEST}{self.earliest_feasible_deadline.isoformat()}"
         elif self.beyond_any_date:
@@ -89,7 +178,7 @@ class Rejection(BaseModel):
 
     def labels(self) -> dict[str, str]:
         """The rejection as flow-run labels, for programs (`train_model`)."""
-        out = {LABEL_REASON: self.reason}
+        out = {LABEL_REASON: self.reason.value}
         if self.earliest_feasible_deadline is not None:
             out[LABEL_EARLIEST] = self.earliest_feasible_deadline.isoformat()
         return out
@@ -101,7 +190,7 @@ class Rejection(BaseModel):
         if LABEL_REASON not in labels:
             return cls.from_state_message(message)
         earliest = labels.get(LABEL_EARLIEST)
-        return cls(reason=str(labels[LABEL_REASON]), message=message or "",
+        return cls(reason=RejectionReason.read(labels[LABEL_REASON]), message=message or "",
                    earliest_feasible_deadline=datetime.fromisoformat(str(earliest)) if earliest else None)
 
     @classmethod
@@ -110,7 +199,7 @@ class Rejection(BaseModel):
         `unknown` rather than failing (the raw message still travels with it)."""
         text = (message or "").strip()
         head, sep, _ = text.partition(": ")
-        reason = head if sep and head and " " not in head else "unknown"
+        reason = RejectionReason.read(head) if sep and head and " " not in head else RejectionReason.UNKNOWN
         earliest: datetime | None = None
         if EARLIEST in text:
             stamp = text.rsplit(EARLIEST, 1)[1].strip().rstrip(".")

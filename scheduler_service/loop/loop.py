@@ -1,0 +1,328 @@
+"""The control loop: every decision the service makes, in one Prefect-free
+object that the service and the simulator drive alike.
+
+Events come in through `handle` (a run arrived, reported progress,
+acknowledged a command, ended, was cancelled; the cluster changed; the
+service reserved GPUs), the clock through `step`. Out come typed actions
+(admit, reject, launch, rescale, park, stop, release, at risk ...) for the
+driver to carry out. No file, clock, database or API is touched here: the
+Prefect worker reads control channels and writes commands, the simulator
+models them, and both see the loop decide the same way.
+
+Per step: the pure policy is asked at once when runs arrived (a user waits
+for the answer) and once per slot for everyone, with every run's status
+(remaining iterations, GPUs, restart still being paid); then its placement
+becomes commands (actuation.py), and runs whose outlook flipped are said to
+be at risk or recovered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from scheduler_service.contracts import RejectionReason, RunPhase
+from scheduler_service.loop.actions import (
+    Action,
+    Admitted,
+    GpusLost,
+    GuaranteeLost,
+    Rejected,
+    Release,
+    Released,
+    RiskChanged,
+    StartedSlowly,
+    Stop,
+)
+from scheduler_service.loop.actuation import actuate, free_block
+from scheduler_service.loop.deadlines import NO_MARGIN, SafetyMargin
+from scheduler_service.loop.events import (
+    Acknowledged,
+    Adopted,
+    Arrived,
+    CancelRequested,
+    ClusterChanged,
+    Ended,
+    Event,
+    Progress,
+    Reserved,
+    Unreserved,
+)
+from scheduler_service.loop.run import LoopRun, RunView
+from scheduler_service.loop.start_cost import StartCost
+from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, Topology, make_policy
+from scheduler_service.policy.overhead import RestartOverhead
+
+# Hysteresis: at risk when the projection comes within the margin of the
+# deadline, recovered only once it is back beyond RECOVER_FACTOR margins.
+RECOVER_FACTOR = 1.5
+
+
+class LoopSettings(BaseModel):
+    """What the loop decides with, read once: the service's settings, or the simulator's options."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    policy: str = "elasticflow-overload"
+    interval_s: float = 60.0
+    overhead: RestartOverhead = RestartOverhead()  # the restart the plans charge
+    launch_s: float | None = None  # a new run's start; None: learnt from the starts seen
+    safety_margin: float = 0.0  # fraction of a run's window kept in front of its deadline (at least a slot)
+    at_risk_s: float = 60.0  # a deadline is at risk when the projection comes this close (at least a slot)
+
+
+def policy_maker(settings: LoopSettings, **options: object) -> Callable[[Topology], SchedulingPolicy]:
+    """The policy for a topology, made anew when the cluster changes."""
+    return lambda topology: make_policy(settings.policy, topology, interval=settings.interval_s,
+                                        overhead=settings.overhead, **options)
+
+
+class ControlLoop:
+    def __init__(self, topology: Topology, settings: LoopSettings,
+                 policy_for: Callable[[Topology], SchedulingPolicy] | None = None) -> None:
+        self.settings = settings
+        self._policy_for = policy_for or policy_maker(settings)
+        self.policy = self._policy_for(topology)
+        self.start_cost = StartCost(settings.overhead, settings.launch_s)
+        self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
+        self.at_risk_s = max(settings.interval_s, settings.at_risk_s)
+        self.runs: dict[str, LoopRun] = {}  # decided, until they end
+        self.arrivals: list[LoopRun] = []  # to be decided by the next plan
+        self.gone: list[str] = []  # ended or stopped since the last plan: the policy forgets them then
+        self.reserved: dict[str, tuple[int, ...]] = {}  # the service's own use of GPUs
+        self.last_slot: int | None = None
+
+    @property
+    def topology(self) -> Topology:
+        return self.policy.topology
+
+    # -- events ----------------------------------------------------------------
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Take in what happened; the actions due at once (a release, a stop)."""
+        match event:
+            case Arrived():
+                self.arrivals.append(LoopRun(event.run_id, event.job, event.at, self.start_cost.reserve(),
+                                             self.margin))
+            case Adopted():
+                return self._adopt(event)
+            case Progress():
+                return self._progress(event, now)
+            case Acknowledged():
+                run = self._find(event.run_id)
+                if run is not None and run.acknowledge(event.seq, event.gpus):
+                    return [Released(run.run_id)]
+            case Ended():
+                return self._ended(event.run_id)
+            case CancelRequested():
+                run = self.runs.get(event.run_id)
+                if run is not None and run.phase == RunPhase.RUNNING and not run.stopping:
+                    self.gone.append(run.run_id)  # its deadline no longer holds anyone back
+                    return [Stop(run.run_id, run.stop())]
+            case ClusterChanged():
+                return self._rebase(event)
+            case Reserved():
+                self.reserved[event.holder] = event.gpus
+            case Unreserved():
+                self.reserved.pop(event.holder, None)
+        return []
+
+    def _adopt(self, event: Adopted) -> list[Action]:
+        """A run an earlier life of the service admitted: running (it is
+        re-planned with its real status and stays on its GPUs if its width
+        holds) or still waiting for GPUs. If the policy no longer guarantees
+        it, it carries on best-effort: an admitted run is never rejected
+        afterwards. A running one cancelled meanwhile is never planned: it is
+        told to stop and holds its GPUs until it does."""
+        run = LoopRun(event.run_id, event.job, event.job.submit_time, 0.0, NO_MARGIN)
+        run.adopt(event.running, event.held, event.commanded, event.pending_seq, event.last_seq, event.share,
+                  event.since)
+        if event.running and event.cancelled:
+            self.runs[run.run_id] = run
+            return [Stop(run.run_id, run.stop())]
+        self._replan_as_adopted(run)
+        return []
+
+    def _replan_as_adopted(self, run: LoopRun) -> None:
+        if run.phase == RunPhase.RUNNING:
+            self.policy.placer.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
+        self.arrivals.append(run)
+
+    def _find(self, run_id: str) -> LoopRun | None:
+        """A decided run, or one waiting for its decision (an adopted one may be running)."""
+        return self.runs.get(run_id) or next((r for r in self.arrivals if r.run_id == run_id), None)
+
+    def _progress(self, event: Progress, now: float) -> list[Action]:
+        run = self._find(event.run_id)
+        if run is None or run.phase != RunPhase.RUNNING:
+            return []
+        run.report(event.iteration, event.gpus, event.iterations_per_s, event.projected_finish)
+        if not run.first_iteration_since_launch():
+            return []
+        assert run.launched_at is not None
+        took = now - run.launched_at
+        run.started()
+        slow = self.start_cost.started(took, len(run.commanded))
+        return [] if slow is None else [StartedSlowly(run.run_id, slow.took_s, slow.charged_s, slow.kept_s)]
+
+    def _ended(self, run_id: str) -> list[Action]:
+        """Its process exited, or it left before it was launched."""
+        self.arrivals = [run for run in self.arrivals if run.run_id != run_id]
+        run = self.runs.pop(run_id, None)
+        if run is None:
+            return []  # never decided: nothing to give back
+        launched = run.phase == RunPhase.RUNNING
+        if not run.stopping:
+            self.gone.append(run_id)
+        run.finish()
+        return [Release(run_id, launched, run.iteration, run.job.iterations)]
+
+    def _rebase(self, event: ClusterChanged) -> list[Action]:
+        """Go on with a policy made for the new cluster. Every admitted run is
+        re-planned as after a restart (adopted: never rejected, best-effort if
+        no longer guaranteed); a run that lost GPUs with a node lost its ranks
+        and waits for a new placement."""
+        def moved(gpus: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(sorted(event.mapping[g] for g in gpus if g in event.mapping))
+
+        old_runs, old_arrivals = self.runs, self.arrivals
+        self.policy = self._policy_for(event.topology)
+        self.runs, self.arrivals, self.gone, self.last_slot = {}, [], [], None
+        self.reserved = {name: moved(gpus) for name, gpus in self.reserved.items() if len(moved(gpus)) == len(gpus)}
+        lost: list[Action] = []
+        for run in old_runs.values():
+            if run.lose_gpus(event.mapping):
+                lost.append(GpusLost(run.run_id))
+            if run.stopping:
+                self.runs[run.run_id] = run  # told to stop: holds its GPUs until it has
+                continue
+            run.adopt(run.phase == RunPhase.RUNNING, run.held, run.commanded, run.pending_seq, run.seq, run.share,
+                      run.since)
+            self._replan_as_adopted(run)
+        self.arrivals += [run for run in old_arrivals if run not in self.arrivals]
+        return lost
+
+    # -- the clock ---------------------------------------------------------------
+    def step(self, now: float) -> list[Action]:
+        """Plan if due, move runs toward their placement, say whose outlook flipped."""
+        actions = self._plan(now) if self._due(now) else []
+        actions += actuate(list(self.runs.values()), self._reserved_gpus(), self.policy.clock.overhead, now)
+        actions += self._risk_changes(now)
+        return actions
+
+    def _due(self, now: float) -> bool:
+        """Once a slot, and at once for arrivals: a user waits for the answer,
+        and an admitted run should not wait for the next boundary to start."""
+        return bool(self.arrivals) or self.last_slot is None or self.policy.clock.slot_of(now) > self.last_slot
+
+    def _plan(self, now: float) -> list[Action]:
+        clock = self.policy.clock
+        self.last_slot = clock.slot_of(now)
+        elapsed = now - self.last_slot * clock.interval
+        arrivals, self.arrivals = self.arrivals, []
+        for run in arrivals:  # planned from the boundary: what is gone of this slot is not theirs
+            if not run.adopted and elapsed > 0 and run.deadline is not None:
+                run.keep_in_front(elapsed)
+        gone, self.gone = self.gone, []
+        status = {run.run_id: run.status(clock.overhead(len(run.commanded)), now, elapsed)
+                  for run in [*self.runs.values(), *arrivals] if not run.stopping}
+        started = time.perf_counter()
+        reply = self.policy.schedule(SchedulingRequest(now=now, arrivals=[r.job for r in arrivals], finished=gone,
+                                                       status=status))
+        seconds = time.perf_counter() - started
+        decided = {d.job_id: d for d in reply.decisions}
+        actions: list[Action] = []
+        for run in arrivals:
+            decision = decided.get(run.run_id)
+            if decision is not None and decision.admitted:
+                run.admit(decision.share)
+                self.runs[run.run_id] = run
+                actions.append(self._admitted(run, decision, reply.allocation.get(run.run_id, 0), seconds))
+            elif run.adopted:  # next slot, as best-effort
+                if run.job.deadline is not None:
+                    actions.append(GuaranteeLost(run.run_id))
+                run.demote()
+                self.arrivals.append(run)
+            elif decision is not None:
+                actions.append(self._rejected(run, decision, now, seconds))
+        for run_id, run in self.runs.items():
+            run.retarget(reply.placement.gpus(run_id) if reply.allocation.get(run_id, 0) else ())
+        for run_id, finish in reply.projected_finish.items():
+            if run_id in self.runs:
+                self.runs[run_id].planned_finish = finish
+        return actions
+
+    @staticmethod
+    def _admitted(run: LoopRun, decision: Decision, gpus_now: int, seconds: float) -> Admitted:
+        return Admitted(run.run_id, decision.guaranteed, decision.share, decision.message,
+                        decision.guaranteed_finish, gpus_now, seconds)
+
+    def _rejected(self, run: LoopRun, decision: Decision, now: float, seconds: float) -> Rejected:
+        """The policy's rejection on the user's clock, saying what actually
+        failed: a deadline still ahead but closer than a start takes here has
+        its own reason, and an infeasible run is told which GPU counts it can use."""
+        reason = RejectionReason.read(decision.reason) if decision.reason else RejectionReason.REJECTED
+        message = decision.message
+        startup = self.start_cost.startup_s()
+        if reason is RejectionReason.DEADLINE_PASSED and run.deadline is not None and run.deadline > now:
+            reason = RejectionReason.SOONER_THAN_START_UP
+            message = (f"the deadline is {run.deadline - now:.0f} s away, but a run takes about {startup:.0f} s to "
+                       f"start here, and {run.margin.of(run.deadline - run.taken_in_at):.0f} s more are kept "
+                       "for safety")
+        elif reason in (RejectionReason.INFEASIBLE_ALONE, RejectionReason.NO_USABLE_GPU_COUNT):
+            levels = run.job.curve.levels if run.job.curve.speed(1) > 1e-6 else ()
+            usable = ", ".join(map(str, levels)) or "none"
+            message += (f" (usable GPU counts at global batch {run.job.batch_size}: {usable}; a run uses no more "
+                        "GPUs than samples in its global batch, and only counts where its measured speed grows)")
+        elif run.deadline is not None and startup:
+            message += f" (a run takes about {startup:.0f} s to start here)"
+        earliest = decision.earliest_feasible_deadline
+        return Rejected(run.run_id, reason, message, None if earliest is None else run.to_user_time(earliest),
+                        seconds)
+
+    def _risk_changes(self, now: float) -> list[Action]:
+        """Running deadline runs whose outlook flipped since the last step."""
+        changes: list[Action] = []
+        for run in self.runs.values():
+            finish = run.projected_finish(now)
+            if run.deadline is None or run.phase != RunPhase.RUNNING:
+                continue
+            margin = run.risk_margin(self.at_risk_s, self.settings.interval_s)
+            risky = finish is not None and finish > run.deadline - margin
+            safe = finish is None or finish <= run.deadline - margin * RECOVER_FACTOR
+            if risky != run.at_risk and (risky or safe):
+                run.at_risk = risky
+                changes.append(RiskChanged(run.run_id, risky, finish, run.deadline))
+        return changes
+
+    # -- views -------------------------------------------------------------------
+    def _reserved_gpus(self) -> set[int]:
+        return {g for gpus in self.reserved.values() for g in gpus}
+
+    def free_block(self, largest: int) -> tuple[int, ...]:
+        """The largest aligned power-of-two block of at most `largest` GPUs
+        that nobody holds, is placed on or has reserved: () if none."""
+        return free_block(self.runs.values(), self._reserved_gpus(), self.topology.num_gpus, largest)
+
+    def gpu_map(self) -> dict[int, str]:
+        """Who holds each GPU: a run's id, or `service:<what>`."""
+        held = {g: r.run_id for r in self.runs.values() for g in r.held}
+        held.update({g: f"service:{name}" for name, gpus in self.reserved.items() for g in gpus})
+        return held
+
+    def view(self, run_id: str, now: float) -> RunView | None:
+        run = self._find(run_id)
+        if run is None:
+            return None
+        return run.view(run.projected_finish(now), run.risk_margin(self.at_risk_s, self.settings.interval_s))
+
+    def views(self, now: float) -> list[RunView]:
+        """Every run the loop knows, decided or not."""
+        return [v for run_id in [*self.runs, *(r.run_id for r in self.arrivals)]
+                if (v := self.view(run_id, now)) is not None]
+
+    def sizes(self) -> dict[str, int]:
+        """What it keeps, for the test that it does not grow with ended runs."""
+        return {"runs": len(self.runs), "arrivals": len(self.arrivals), "gone": len(self.gone),
+                "reserved": len(self.reserved)}

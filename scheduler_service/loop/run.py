@@ -1,0 +1,251 @@
+"""One run as the control loop schedules it: its policy job, its two
+deadlines, who physically holds which of its GPUs, and what it last
+reported. Everything a person sees of a run but scheduling does not need
+(its name, Prefect objects, history rows) lives with the driver.
+
+The loop is the only caller of these methods; each one is one transition of
+the run's life, so the rules that move a run are readable here in one place.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from scheduler_service.contracts import RunPhase
+from scheduler_service.loop.deadlines import NO_MARGIN, SafetyMargin, plan_deadline_for, user_deadline_for
+from scheduler_service.policy import Job, JobStatus
+
+# A run's own rate, as the loop projects with it: iterations over the last
+# RATE_WINDOW_S of its reports (at least RATE_MIN_SPAN_S of them), not the
+# flow's 20-iteration window, which swings by hours right after a resize.
+RATE_WINDOW_S = 120.0
+RATE_MIN_SPAN_S = 30.0
+NOT_MOVING_S = RATE_WINDOW_S * 100  # projected finish of a run that does not move (parked): far away
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run as displays read it: the cluster view, `status`, the history artifact."""
+
+    run_id: str
+    phase: RunPhase
+    model: str
+    held: tuple[int, ...]
+    iteration: int
+    iterations: float
+    deadline: float | None  # the user's
+    plan_deadline: float | None
+    share: int | None
+    projected_finish: float | None
+    risk_margin_s: float
+
+
+class Rate:
+    """(time, iteration) samples of one run, to project its finish from a rate
+    measured over minutes rather than over its last few iterations."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def projected(self, now: float, iteration: int, total: float) -> float | None:
+        if not self.samples or iteration != self.samples[-1][1] or now - self.samples[-1][0] >= RATE_WINDOW_S / 4:
+            self.samples.append((now, iteration))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
+            self.samples.popleft()
+        (t0, i0), i1 = self.samples[0], self.samples[-1][1]
+        if now - t0 < RATE_MIN_SPAN_S or i1 < i0:
+            return None  # too little seen (or a restart from a checkpoint): another projection stands
+        if i1 == i0:
+            return now + NOT_MOVING_S  # not moving: it will not make it as things stand
+        return now + (total - iteration) * (now - t0) / (i1 - i0)
+
+
+class LoopRun:
+    """One run from its arrival at the loop to its end."""
+
+    def __init__(self, run_id: str, job: Job, taken_in_at: float, reserve_s: float = 0.0,
+                 margin: SafetyMargin = NO_MARGIN) -> None:
+        self.run_id = run_id
+        self.deadline = job.deadline  # the user's
+        self.taken_in_at = taken_in_at
+        self.reserve_s = reserve_s  # kept in front of it: a start's cost beyond a restart, the part of a slot gone
+        self.margin = margin
+        self.job = job  # the policy's view; job.deadline is the plan deadline
+        self.phase = RunPhase.ARRIVED
+        self.held: tuple[int, ...] = ()  # GPUs it may be using right now
+        self.target: tuple[int, ...] = ()  # where the policy wants it
+        self.commanded: tuple[int, ...] = ()  # the last GPU set it was told to use
+        self.pending_seq: int | None = None  # a command not yet acknowledged
+        self.seq = 0  # the newest command on its channel
+        self.since = 0.0  # last (re)start: the restart overhead is paid from here
+        self.share: int | None = None
+        self.adopted = False  # admitted by an earlier life of the service: never rejected now
+        self.stopping = False  # told to stop (it was cancelled): never commanded again
+        self.speed_ratio = 1.0  # its measured speed over its profile's, as the plans use it
+        self.planned_finish: float | None = None  # the policy's projection
+        self.iteration = 0  # what it last reported
+        self.reported_gpus: tuple[int, ...] = ()
+        self.reported_rate: float | None = None
+        self.own_projection: float | None = None  # the flow's own, until the loop has seen enough
+        self.launched_at: float | None = None  # until its first iteration: what a start really costs
+        self.launched_from = 0  # the iteration it was launched at
+        self.at_risk = False
+        self.rate = Rate()
+        self.replan()
+
+    # -- deadlines -------------------------------------------------------------
+    @property
+    def plan_deadline(self) -> float | None:
+        return self.job.deadline
+
+    def plan_with(self, plan_deadline: float | None) -> None:
+        self.job = replace(self.job, deadline=plan_deadline)
+
+    def replan(self) -> None:
+        """The plan deadline from the user's, after `reserve_s` or `margin` changed."""
+        self.plan_with(plan_deadline_for(self.deadline, self.taken_in_at, self.reserve_s, self.margin))
+
+    def keep_in_front(self, seconds: float) -> None:
+        """Keep `seconds` more in front of its deadline (the part of a slot gone when it was decided)."""
+        self.reserve_s += max(0.0, seconds)
+        self.replan()
+
+    def demote(self) -> None:
+        """No longer guaranteed: planned best-effort from here on, never rejected."""
+        self.share = None
+        self.plan_with(None)
+
+    def to_user_time(self, plan_time: float) -> float:
+        """A time on the plan's deadline scale (an earliest feasible deadline) as the user's."""
+        if self.deadline is None or self.plan_deadline is None:
+            return plan_time
+        return user_deadline_for(plan_time, self.taken_in_at, self.reserve_s, self.margin)
+
+    def risk_margin(self, at_most_s: float, floor_s: float) -> float:
+        """How close its projected finish may come to its deadline before it
+        is at risk: `at_most_s`, but no more than half the room its plan keeps
+        in front of the deadline (start cost and safety margin), at least
+        `floor_s` (a slot). A short run's plan ends within a minute of its
+        deadline by design; it is at risk once it has lost half of that room,
+        not from the start. A plan that keeps no room leaves `at_most_s`."""
+        if self.deadline is None or self.plan_deadline is None or self.deadline <= self.plan_deadline:
+            return at_most_s
+        return max(floor_s, min(at_most_s, (self.deadline - self.plan_deadline) / 2))
+
+    # -- decisions -------------------------------------------------------------
+    def admit(self, share: int | None) -> None:
+        self.share = share
+        if self.phase == RunPhase.ARRIVED:
+            self.phase = RunPhase.ADMITTED
+
+    def adopt(self, running: bool, held: tuple[int, ...], commanded: tuple[int, ...], pending_seq: int | None,
+              last_seq: int, share: int | None, since: float) -> None:
+        """As an earlier life of the service left it."""
+        self.adopted = True
+        self.phase = RunPhase.RUNNING if running else RunPhase.ADMITTED
+        self.held, self.commanded = (held, commanded) if running else ((), ())
+        self.pending_seq = pending_seq if running else None
+        self.seq, self.share, self.since = last_seq, share, since
+
+    def retarget(self, gpus: tuple[int, ...]) -> None:
+        self.target = gpus
+
+    # -- commands and what comes back -----------------------------------------
+    def command(self, gpus: tuple[int, ...], now: float) -> int:
+        """Told to move to `gpus` (none: park); the seq of the command."""
+        self.seq += 1
+        self.pending_seq, self.commanded, self.since = self.seq, gpus, now
+        return self.seq
+
+    def launch(self, gpus: tuple[int, ...], now: float) -> int:
+        self.phase, self.held = RunPhase.RUNNING, gpus
+        self.launched_at, self.launched_from = now, self.iteration
+        return self.command(gpus, now)
+
+    def move(self, gpus: tuple[int, ...], now: float) -> int:
+        """Told to move to `gpus`: it claims them now and keeps what it has until it acknowledges."""
+        self.held = tuple(sorted(set(self.held) | set(gpus)))
+        return self.command(gpus, now)
+
+    def stop(self) -> int:
+        """Told to checkpoint and end: never commanded again, and planned no more."""
+        self.seq += 1
+        self.pending_seq, self.stopping, self.target = self.seq, True, ()
+        return self.seq
+
+    def acknowledge(self, seq: int, gpus: tuple[int, ...]) -> bool:
+        """It applied command `seq` (or a later one): it holds only `gpus` now.
+        True if that leaves it holding nothing."""
+        if self.pending_seq is None or seq < self.pending_seq:
+            return False
+        self.pending_seq, self.held = None, tuple(gpus)
+        return not self.held
+
+    def report(self, iteration: int, gpus: tuple[int, ...], rate: float | None, projected: float | None) -> None:
+        self.iteration, self.reported_gpus, self.reported_rate = iteration, gpus, rate
+        self.own_projection = projected
+
+    def first_iteration_since_launch(self) -> bool:
+        """Whether it has trained since its launch (its start is then paid)."""
+        return self.launched_at is not None and self.iteration > self.launched_from
+
+    def started(self) -> None:
+        self.launched_at = None
+
+    def finish(self) -> None:
+        self.phase, self.held, self.target, self.pending_seq = RunPhase.FINISHED, (), (), None
+
+    def lose_gpus(self, mapping: dict[int, int]) -> bool:
+        """The cluster changed: its GPU ids move to their new positions. True
+        if some were on a node that is gone (its ranks went with it): it then
+        waits for a new placement, and keeps holding what is left until it
+        acknowledges one."""
+        whole = all(g in mapping for g in (*self.held, *self.commanded))
+        self.held = tuple(sorted(mapping[g] for g in self.held if g in mapping))
+        self.commanded = tuple(sorted(mapping[g] for g in self.commanded if g in mapping)) if whole else ()
+        self.target = ()
+        return not whole
+
+    # -- what the plans see ----------------------------------------------------
+    def observe_speed(self, profiled: float) -> bool:
+        """Plan with the speed the run shows, not only its profile: a shared
+        machine is slower than an idle one. Only slower (a profile is the best
+        case), smoothed, and only a change of 3% or more is applied; True then."""
+        gpus = len(self.commanded)
+        measured = self.reported_rate
+        if not measured or measured <= 0 or profiled <= 0 or not gpus or len(self.reported_gpus) != gpus:
+            return False
+        ratio = 0.7 * self.speed_ratio + 0.3 * min(1.0, max(0.2, measured / profiled))
+        if abs(ratio - self.speed_ratio) < 0.03 * self.speed_ratio:
+            return False
+        curve = self.job.curve
+        base = {g: v / self.speed_ratio for g, v in curve.points.items()}
+        self.speed_ratio = ratio
+        self.job = replace(self.job, curve=type(curve)({g: v * ratio for g, v in base.items()}))
+        return True
+
+    def status(self, overhead: float, now: float, since_boundary_s: float) -> JobStatus:
+        """Where it stands for a plan starting at the current slot's boundary:
+        a plan made mid-slot credits the whole slot, so the work done since the
+        boundary is put back."""
+        gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
+        done = self.iteration if self.phase == RunPhase.RUNNING else 0
+        if gpus and self.reported_rate:
+            self.observe_speed(self.job.curve.speed(gpus) / self.speed_ratio)
+        overhead_left = max(0.0, overhead - (now - self.since)) if gpus else 0.0
+        credit = self.job.curve.speed(gpus) * since_boundary_s if gpus else 0.0
+        return JobStatus(max(0.0, self.job.iterations - done + credit), gpus, overhead_left)
+
+    def projected_finish(self, now: float) -> float | None:
+        """Its own measured rate once it has shown one for a while; until then
+        the plan's projection, which does not swing; the flow's own last."""
+        finish = self.planned_finish if self.planned_finish is not None else self.own_projection
+        if self.phase == RunPhase.RUNNING and self.iteration > 0:
+            own = self.rate.projected(now, self.iteration, self.job.iterations)
+            finish = own if own is not None else finish
+        return finish
+
+    def view(self, projected_finish: float | None, risk_margin_s: float) -> RunView:
+        return RunView(self.run_id, self.phase, self.job.model, self.held, self.iteration, self.job.iterations,
+                       self.deadline, self.plan_deadline, self.share, projected_finish, risk_margin_s)

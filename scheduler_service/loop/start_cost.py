@@ -1,0 +1,62 @@
+"""What starting a run really costs, learnt from the starts seen.
+
+The plans charge a restart per start; a new run's start (a flow process,
+imports, ranks) costs more, and the difference is kept in front of its
+deadline (the launch reserve). Unless the operator set it, the reserve grows
+to the longest of the last ten starts. The simulator's backend takes its
+launch and restart delays from this same model, so a simulated start costs
+what the service plans for.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_LAUNCH_S = 15.0
+SEEN = 10  # starts remembered
+
+
+@dataclass(frozen=True, slots=True)
+class SlowStart:
+    """A start that took far longer than what admitted deadlines rest on."""
+
+    took_s: float
+    charged_s: float  # the restart the plans charge for it
+    kept_s: float  # what new runs keep for a start from now on
+
+
+class StartCost:
+    def __init__(self, restart_cost: Callable[[int], float], launch_s: float | None) -> None:
+        self.restart_cost = restart_cost  # the plans' charge for a start on n GPUs
+        self.launch_s = DEFAULT_LAUNCH_S if launch_s is None else launch_s
+        self.learn = launch_s is None  # a value the operator set is kept as is
+        self.starts: deque[float] = deque(maxlen=SEEN)  # seconds from launch to first iteration
+        self._warned_s = 0.0
+
+    def reserve(self) -> float:
+        """Seconds kept in front of a new run's deadline for its start, beyond
+        the restart the plans charge."""
+        seen = list(self.starts) if self.learn else []
+        return max(0.0, max([self.launch_s, *seen]) - self.restart_cost(1))
+
+    def startup_s(self) -> float:
+        """About how long a run takes here from launch to its first iteration."""
+        return self.reserve() + self.restart_cost(1)
+
+    def launch_delay_s(self, gpus: int) -> float:
+        """What a new run's start costs on `gpus` GPUs as this model has it:
+        at least the restart the plans charge."""
+        return max(self.launch_s, self.restart_cost(max(1, gpus)))
+
+    def started(self, took_s: float, gpus: int) -> SlowStart | None:
+        """A run reached its first iteration `took_s` after its launch; a
+        SlowStart when that is far beyond what is charged and kept (said once
+        per new worst)."""
+        self.starts.append(took_s)
+        charged = self.restart_cost(gpus or 1)
+        if took_s > 1.5 * max(charged, self.launch_s) and took_s > 1.2 * self._warned_s:
+            self._warned_s = took_s
+            return SlowStart(took_s, charged, self.reserve() + charged)
+        return None

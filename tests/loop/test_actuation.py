@@ -1,0 +1,224 @@
+"""The control loop's GPU bookkeeping, through its interface: the policy's
+placement becomes launches and commands, and a GPU changes holder only after
+its old holder acknowledged giving it up."""
+
+from __future__ import annotations
+
+from scheduler_service.loop.actions import Admitted, Launch, Park, Released, Rescale, Stop
+from scheduler_service.loop.events import Adopted, CancelRequested, Ended, Reserved, Unreserved
+from tests.loop.driver import T0, Driver, job
+
+
+def _alone_on_both() -> Driver:
+    """A loop whose one run, "a", trains on both GPUs."""
+    d = Driver()
+    d.arrive(job("a", T0, 4000, T0 + 600))
+    d.step(T0)
+    d.ack("a", T0)
+    return d
+
+
+def test_an_admitted_run_launches_on_its_placement_with_its_first_command() -> None:
+    d = Driver()
+    d.arrive(job("a", T0, 4000, T0 + 600))
+    admitted, launch = d.step(T0)
+    assert isinstance(admitted, Admitted) and admitted.guaranteed and admitted.share == 1
+    assert isinstance(launch, Launch) and launch.gpus == (0, 1) and launch.seq == 1
+    assert d.step(T0 + 0.5) == []  # nothing new: no plan before the next slot, nothing to move
+
+
+def test_gpus_change_hands_only_after_the_old_holder_acknowledged() -> None:
+    d = _alone_on_both()
+    # b needs one GPU from now on to make its deadline: a shrinks to one.
+    d.arrive(job("b", T0 + 2, 20 * 36, T0 + 2 + 44))
+    now, actions = T0 + 2, d.step(T0 + 2)
+    assert d.new(actions, Admitted)["b"].share == 1
+    while "a" not in d.new(actions, Rescale) and now < T0 + 12:
+        now += 2
+        actions = d.step(now)
+    shrink = d.new(actions, Rescale)["a"]
+    assert len(shrink.gpus) == 1
+    assert d.kinds(now)["b"] == ["Await"]  # a still holds both GPUs until it acknowledges
+    d.ack("a", now, iteration=100)
+    launch = d.new(d.step(now), Launch)["b"]
+    assert set(launch.gpus).isdisjoint(shrink.gpus)
+    assert sorted(d.loop.gpu_map().values()) == ["a", "b"]
+    d.handle(Ended("b"), now + 1)
+    grow = d.new(d.step(now + 2), Rescale)["a"]  # b ended: a grows back at the next slot
+    assert grow.gpus == (0, 1)
+
+
+def test_a_run_told_to_stop_holds_its_gpus_until_it_acknowledges_and_is_never_commanded_again() -> None:
+    d = _alone_on_both()
+    (stop,) = d.handle(CancelRequested("a"), T0 + 1)
+    assert isinstance(stop, Stop) and stop.seq == 2
+    assert d.handle(CancelRequested("a"), T0 + 1) == []  # once: a second request sends nothing more
+    d.arrive(job("b", T0 + 2, 36 * 60, T0 + 2 + 70))  # needs both GPUs: only if "a" no longer counts
+    assert d.kinds(T0 + 2) == {"b": ["Admitted", "Await"]}  # "a" still holds both
+    assert d.commands["a"] == stop  # no rescale or park supersedes the stop
+    assert isinstance(d.ack("a", T0 + 2)[0], Released)
+    assert "b" in d.new(d.step(T0 + 2), Launch)
+    (release,) = d.handle(Ended("a"), T0 + 3)
+    assert release.launched  # type: ignore[union-attr]
+    assert d.handle(CancelRequested("a"), T0 + 4) == []
+
+
+def test_a_run_cancelled_while_no_worker_watched_is_adopted_only_to_be_stopped() -> None:
+    d = Driver()
+    (stop,) = d.handle(Adopted("a", job("a", T0, 4000, T0 + 600), share=2, running=True, held=(0, 1),
+                               commanded=(0, 1), last_seq=3, cancelled=True), T0)
+    assert isinstance(stop, Stop) and stop.seq == 4 and d.loop.gpu_map() == {0: "a", 1: "a"}
+    d.arrive(job("b", T0, 4000, None))
+    assert d.kinds(T0) == {"b": ["Admitted", "Await"]}  # "a" is not planned, and holds both
+
+
+def test_a_best_effort_run_waits_while_no_gpu_is_spare() -> None:
+    d = Driver()
+    d.arrive(job("a", T0, 3000, T0 + 100))  # needs both GPUs from now on
+    d.arrive(job("be", T0, 100, None))
+    assert d.kinds(T0) == {"a": ["Admitted", "Launch"], "be": ["Admitted", "Await"]}
+    d.handle(Ended("a"), T0 + 1)
+    assert "be" in d.new(d.step(T0 + 2), Launch)
+
+
+def test_a_run_adopted_after_a_restart_keeps_its_gpus_until_it_gives_them_up() -> None:
+    d = Driver()
+    d.handle(Adopted("a", job("a", T0 - 100, 4000, T0 + 600), share=2, running=True, held=(0, 1),
+                     commanded=(0, 1), last_seq=1), T0)
+    d.report("a", T0, 1000, (0, 1))
+    d.arrive(job("b", T0, 20 * 36, T0 + 44))
+    now = T0
+    while now < T0 + 12:
+        assert "b" not in d.new(d.step(now), Launch)  # a has not acknowledged any shrink yet
+        now += 2
+    assert d.loop.view("a", now).iteration == 1000  # type: ignore[union-attr]
+    d.ack("a", now, iteration=1100)
+    launch = d.new(d.step(now), Launch)["b"]
+    assert set(launch.gpus).isdisjoint(d.commands["a"].gpus)
+
+
+def test_an_adopted_run_the_policy_no_longer_guarantees_carries_on_best_effort() -> None:
+    d = Driver()
+    d.handle(Adopted("late", job("late", T0 - 100, 10**6, T0 + 10), share=1, running=True, held=(0,),
+                     commanded=(0,), last_seq=1), T0)
+    assert d.kinds(T0) == {"late": ["GuaranteeLost"]}  # never reported as rejected
+    admitted = d.new(d.step(T0 + 2), Admitted)["late"]
+    assert not admitted.guaranteed and d.loop.view("late", T0 + 2).plan_deadline is None  # type: ignore[union-attr]
+
+
+def test_a_run_adopted_after_a_restart_stays_on_the_gpus_it_holds() -> None:
+    # Found training on GPUs 2,3 by a freshly started service; alone, a fresh
+    # placement would put a 2-GPU job on 0,1 and move it (a restart for nothing).
+    d = Driver(gpus=4)
+    d.handle(Adopted("a", job("a", T0, 4000, T0 + 600), share=2, running=True, held=(2, 3), commanded=(2, 3),
+                     last_seq=1), T0)
+    assert d.kinds(T0) == {"a": ["Admitted"]}  # admitted again, nothing to tell it
+    assert d.loop.runs["a"].target == (2, 3) and d.loop.gpu_map() == {2: "a", 3: "a"}
+
+
+def test_gpus_reserved_for_profiling_are_not_handed_out_until_given_back() -> None:
+    d = Driver()
+    assert d.loop.free_block(largest=4) == (0, 1)
+    d.handle(Reserved("profiling mlp@32", (0, 1)), T0)
+    assert d.loop.free_block(largest=4) == ()
+    d.arrive(job("a", T0, 4000, T0 + 600))
+    assert d.kinds(T0)["a"] == ["Admitted", "Await"]  # placed, but its GPUs are the profiler's
+    assert d.loop.gpu_map() == {0: "service:profiling mlp@32", 1: "service:profiling mlp@32"}
+    d.handle(Unreserved("profiling mlp@32"), T0 + 1)
+    assert d.new(d.step(T0 + 1), Launch)["a"].gpus == (0, 1)
+    assert d.loop.free_block(largest=4) == ()  # now a's
+
+
+def test_the_free_block_for_profiling_is_aligned_and_skips_gpus_runs_hold() -> None:
+    d = Driver(gpus=8)
+    d.handle(Adopted("x", job("x", T0, 10**6, None), share=None, running=True, held=(2,), commanded=(2,)), T0)
+    d.step(T0)
+    assert d.loop.free_block(largest=4) == (4, 5, 6, 7)
+    d.handle(Reserved("p", (4, 5, 6, 7)), T0)
+    assert d.loop.free_block(largest=4) == (0, 1)
+
+
+def test_a_waiting_run_admitted_before_a_restart_is_launched_not_decided_again() -> None:
+    d = Driver()
+    # Admitted by the service's previous life with more room than it would get
+    # now (its deadline is too close for a fresh admission): it keeps its place.
+    d.handle(Adopted("w", job("w", T0 - 100, 36 * 600, T0 + 30), share=2, running=False), T0)
+    assert d.kinds(T0) == {"w": ["GuaranteeLost"]}  # never a rejection
+    assert "w" in d.new(d.step(T0 + 2), Launch)  # the next slot, best-effort
+
+
+def test_an_arrival_mid_slot_is_decided_at_once_without_being_credited_the_slot_gone() -> None:
+    d = _alone_on_both()
+    assert d.step(T0 + 1.5) == []  # nothing new: the next plan is at the boundary
+    d.arrive(job("b", T0 + 1.5, 200, T0 + 120))
+    assert "b" in d.new(d.step(T0 + 1.5), Admitted)  # same slot, but someone is waiting for an answer
+    b = d.loop.view("b", T0 + 1.5)
+    assert b is not None and b.deadline == T0 + 120  # what its user is told stays theirs
+    # Planned from the boundary at T0: the 1.5 s already gone (and the safety
+    # margin's floor, a slot) are not b's to use.
+    assert b.plan_deadline == T0 + 120 - 1.5 - 2.0
+
+
+def test_a_mid_slot_plan_credits_back_the_work_done_since_the_boundary() -> None:
+    d = _alone_on_both()
+    a = d.loop.runs["a"]
+    assert a.status(1.0, T0 + 1.5, since_boundary_s=1.5).remaining == 4000 + 36.0 * 1.5
+
+
+def test_plans_use_the_speed_a_run_shows_when_it_is_slower_than_its_profile() -> None:
+    d = _alone_on_both()
+    d.report("a", T0 + 1, 100, (0, 1), rate=18.0)  # profile: 36 it/s
+    for slot in range(1, 11):
+        d.step(T0 + 2 * slot)
+    a = d.loop.runs["a"]
+    assert 0.5 <= a.speed_ratio < 0.6 and abs(a.job.curve.speed(2) - 36.0 * a.speed_ratio) < 1e-9
+    assert abs(a.job.curve.speed(1) - 20.0 * a.speed_ratio) < 1e-9  # the whole curve, not one point
+    d.report("a", T0 + 21, 200, (0, 1), rate=50.0)  # faster than its profile: capped
+    for slot in range(11, 41):
+        d.step(T0 + 2 * slot)
+    assert a.speed_ratio <= 1.0 and a.job.curve.speed(2) <= 36.0
+
+
+def test_a_run_about_to_finish_is_not_resized() -> None:
+    d = _alone_on_both()
+    d.report("a", T0, 4000 - 10, (0, 1))  # 10 iterations at 36 it/s: less than a restart
+    d.loop.runs["a"].retarget((0,))
+    assert "a" not in d.kinds(T0 + 1)
+    d.report("a", T0 + 1, 100, (0, 1))  # far from done: the resize goes ahead
+    assert d.new(d.step(T0 + 1), Rescale)["a"].gpus == (0,)
+
+
+def test_a_run_is_not_grown_when_the_restart_costs_more_than_the_growth_saves() -> None:
+    d = Driver()
+    d.arrive(job("a", T0, 4000, T0 + 600))
+    d.arrive(job("b", T0, 4000, T0 + 600))  # one GPU each
+    d.step(T0)
+    d.ack("a", T0)
+    d.handle(Ended("b"), T0 + 1)
+    d.report("a", T0 + 1, 4000 - 30, d.commands["a"].gpus)  # 1.5 s left at one GPU: growing saves 0.67 s < 1 s
+    assert "a" not in d.new(d.step(T0 + 2), Rescale)
+    assert d.loop.runs["a"].target == (0, 1)
+    d.report("a", T0 + 2, 4000 - 60, d.commands["a"].gpus)  # 3 s left: saves 1.33 s > 1 s
+    assert d.new(d.step(T0 + 2), Rescale)["a"].gpus == (0, 1)
+
+
+def _two_runs_one_wanting_the_others_gpu(mine_s: float, theirs_s: float) -> Driver:
+    """"x" (due in `mine_s`) on one GPU, "y" (due in `theirs_s`) on the other;
+    then the policy wants y on both and x nowhere."""
+    d = Driver()
+    d.arrive(job("x", T0, 20 * 40, T0 + mine_s))
+    d.arrive(job("y", T0, 20 * 40, T0 + theirs_s))
+    d.step(T0)
+    for run_id in ("x", "y"):
+        d.ack(run_id, T0)
+    x, y = d.loop.runs["x"], d.loop.runs["y"]
+    y.retarget(tuple(sorted(x.commanded + y.commanded)))
+    x.retarget(())
+    return d
+
+
+def test_a_deadline_run_is_not_parked_for_a_run_due_later() -> None:
+    d = _two_runs_one_wanting_the_others_gpu(mine_s=100, theirs_s=3600)
+    assert "x" not in d.kinds(T0 + 1)  # it keeps its GPU; the run due an hour later waits for it
+    d = _two_runs_one_wanting_the_others_gpu(mine_s=100, theirs_s=90)
+    assert "x" in d.new(d.step(T0 + 1), Park)  # due sooner than it: then it may take the GPU

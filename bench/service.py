@@ -11,10 +11,10 @@
     the time goes (run created -> Pending -> Running -> workers launched ->
     ready -> first iteration).
 (b) Admission decision time with 100 admitted runs: the service's own code
-    path, `Scheduler.plan` (which times the `ElasticFlowPolicy.schedule` call
-    the worker records as `decision_seconds` / `decision_ms`), driven in-process
-    with 100 admitted, running jobs on a 128-GPU cluster (n16g8), real control
-    channels, an epoch-seconds clock; one arrival per slot. Target <= 50 ms.
+    path, the control loop's step (which times the `ElasticFlowPolicy.schedule`
+    call the worker records as `decision_ms`), driven in-process with 100
+    admitted, running jobs on a 128-GPU cluster (n16g8), an epoch-seconds
+    clock; one arrival per slot. Target <= 50 ms.
     The decision times the service itself recorded for the runs of (a) are
     printed too.
 (c) CPU seconds (user + system) each process on the path to the first
@@ -240,25 +240,23 @@ def print_status(result: dict[str, float]) -> None:
 
 
 def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: int = 30) -> dict[str, Any]:
-    """(b): the worker's Scheduler.plan with `admitted` running admitted jobs."""
-    from flows.training.control import FileControlChannel
+    """(b): the worker's control loop, planning and actuating with `admitted` running admitted jobs."""
+    from scheduler_service.loop import ControlLoop, LoopSettings
+    from scheduler_service.loop.actions import Admitted, Command, Rejected
+    from scheduler_service.loop.events import Acknowledged, Arrived, Progress
     from scheduler_service.policy import Job
-    from scheduler_service.policy.elasticflow import ElasticFlowPolicy
     from scheduler_service.policy.overhead import RestartOverhead
     from scheduler_service.simulator.experiment import data_dir
     from scheduler_service.simulator.inputs import load_throughputs
     from scheduler_service.worker import cluster as cluster_mod
-    from scheduler_service.worker.run_state import RunState
-    from scheduler_service.worker.scheduler import Scheduler
 
     cluster = cluster_mod.load(data_dir() / "clusters" / "n16g8.csv")
-    # As ElasticFlowWorker.__init__ builds it, with the default restart cost.
-    policy = ElasticFlowPolicy(cluster.topology, interval=interval,
-                               overhead=RestartOverhead(stop_s=0.5, restart_s=2.0, per_level_s=0.0))
-    scheduler = Scheduler(policy)
+    # As the worker builds it (WorkerSettings.loop), with the default restart cost.
+    loop = ControlLoop(cluster.topology, LoopSettings(
+        policy="elasticflow", interval_s=interval, overhead=RestartOverhead(stop_s=0.5, restart_s=2.0, per_level_s=0.0),
+        safety_margin=0.05))
     rng = random.Random(11)
     curves = list(load_throughputs(data_dir() / "throughputs" / "A100").values())
-    control = tmp / "admission-control"
     now = time.time()
     count = 0
 
@@ -269,34 +267,33 @@ def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: 
         iterations = curve.points[1] * window * rng.uniform(0.05, 0.3)
         run_id = f"bench-{count:04d}"
         count += 1
-        job = Job(run_id, now, iterations, now + window, curve, model="bench", batch_size=256)
-        scheduler.arrive(RunState(run_id, job, FileControlChannel(run_id, control)))
+        loop.handle(Arrived(run_id, Job(run_id, now, iterations, now + window, curve, model="bench", batch_size=256),
+                            now), now)
 
-    def step(now: float) -> Any:
-        result = scheduler.plan(now)
-        for action in scheduler.actuate(now):  # launches write real control commands
-            run = scheduler.runs.get(action.run_id)
-            if run is not None and action.kind in ("launch", "rescale"):
-                # the flow acknowledges and reports progress, as a running run would
-                from flows.training.control import ControlAck
+    def step(now: float) -> float:
+        """One poll's decisions; the policy call's seconds, if it decided anyone."""
+        decided = 0.0
+        for action in loop.step(now):
+            if isinstance(action, (Admitted, Rejected)):
+                decided = action.decision_s
+            elif isinstance(action, Command):  # the flow acknowledges and reports, as a running run would
+                loop.handle(Acknowledged(action.run_id, action.seq, action.gpus), now)
+                loop.handle(Progress(action.run_id, 0, action.gpus), now)
+        return decided
 
-                run.channel.acknowledge(ControlAck(seq=run.pending_seq or 0, iteration=0, gpus=list(action.gpus)))
-                run.channel.publish_status({"iteration": 0})
-        return result
-
-    while len(scheduler.runs) < admitted:  # build the state: a few arrivals per slot, untimed
-        for _ in range(min(10, admitted - len(scheduler.runs))):
+    while len(loop.runs) < admitted:  # build the state: a few arrivals per slot, untimed
+        for _ in range(min(10, admitted - len(loop.runs))):
             arrive(now)
         step(now)
         now += interval
-    active = len(scheduler.runs)
+    active = len(loop.runs)
     policy_ms, plan_ms = [], []
     for _ in range(samples):
         arrive(now)
         start = time.perf_counter()
-        result = step(now)
+        seconds = step(now)
         plan_ms.append((time.perf_counter() - start) * 1e3)
-        policy_ms.append(result.seconds * 1e3)
+        policy_ms.append(seconds * 1e3)
         now += interval
     return {"admitted_runs": active, "gpus": cluster.topology.num_gpus, "slots": samples,
             "decision_ms_median": statistics.median(policy_ms), "decision_ms_max": max(policy_ms),

@@ -90,9 +90,6 @@ class RejectionReason(str, Enum):
             return cls.UNKNOWN
 
 
-ServiceReason = RejectionReason  # removed once the worker is on the control loop
-
-
 class Label(str, Enum):
     """Flow-run labels the service writes (programs and automations read them)."""
 

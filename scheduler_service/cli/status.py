@@ -26,10 +26,11 @@ import typer
 from pydantic import BaseModel
 
 from scheduler_service.cli import app
+from scheduler_service.contracts import AllocationAction, RunPhase
 
-Phase = Literal["profiling", "deciding", "admitted-waiting", "running", "rescaling", "finished", "rejected"]
 Outcome = Literal["met", "missed", "stopped", "done"]
-PHASE_ORDER = ("running", "rescaling", "admitted-waiting", "profiling", "deciding", "rejected", "finished")
+PHASE_ORDER = (RunPhase.RUNNING, RunPhase.RESCALING, RunPhase.ADMITTED, RunPhase.PROFILING, RunPhase.ARRIVED,
+               RunPhase.REJECTED, RunPhase.FINISHED)
 WIDE = 120  # columns from which one table fits; below, one block per run
 
 
@@ -45,7 +46,7 @@ class RunView(BaseModel):
     flow_run_id: str
     name: str
     model: str
-    phase: Phase
+    phase: RunPhase  # the table shows `phase.shown`, which says what it waits for
     gpus: list[int]
     nodes: list[str]
     iteration: int | None = None  # from the run's status file; None before its first report
@@ -145,38 +146,36 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
     gpus = [int(g) for g in (row.gpus or "").split(",") if g]
     view = RunView(
         flow_run_id=row.flow_run_id, name=row.flow_run_name or row.flow_run_id[:8], model=row.model,
-        phase="admitted-waiting", gpus=gpus, nodes=sorted({node_of[g] for g in gpus if g < len(node_of)}),
+        phase=RunPhase.ADMITTED, gpus=gpus, nodes=sorted({node_of[g] for g in gpus if g < len(node_of)}),
         iteration=snap.iteration if snap else None,
         total_iterations=(snap.total_iterations if snap else 0) or int(row.iterations) or None,
         projected_finish=_aware(snap.projected_finish) if snap else None, deadline=_aware(row.deadline))
-    if row.status == "rejected":
-        view.phase, view.detail = "rejected", row.message or ""
+    stored = RunPhase(row.status)
+    if stored == RunPhase.REJECTED:
+        view.phase, view.detail = RunPhase.REJECTED, row.message or ""
         if decision is not None and not decision.admitted:
             view.reason, view.detail = decision.reason, decision.message or view.detail
             view.earliest_feasible_deadline = _aware(decision.earliest_feasible_deadline)
-    elif row.status == "finished":
-        view.phase, view.projected_finish = "finished", None
-        releases = [a.at for a in allocations if a.action == "release"]
+    elif stored == RunPhase.FINISHED:
+        view.phase, view.projected_finish = RunPhase.FINISHED, None
+        releases = [a.at for a in allocations if a.action == AllocationAction.RELEASE]
         view.finished_at = _aware(releases[-1] if releases else row.updated_at)
         reached = snap is not None and snap.total_iterations > 0 and snap.iteration >= snap.total_iterations
         view.outcome = ("stopped" if not reached else "done" if view.deadline is None
                         else "met" if view.finished_at <= view.deadline else "missed")
         if not reached:
             view.detail = f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
-    elif row.status == "arrived" and decision is None:
-        # Which of the two, only the worker knows; it may say so in a `phase` column.
-        # The worker says "profiling ..." in the message while it measures the model; else it is deciding.
-        profiling = (row.message or "").startswith("profiling")
-        view.phase = "profiling" if profiling else "deciding"
-        view.detail = "profiling its speed" if profiling else "waiting for its admission decision"
-    elif row.status == "running" and gpus:
+    elif stored in (RunPhase.ARRIVED, RunPhase.PROFILING) and decision is None:
+        view.phase = stored
+        view.detail = "profiling its speed" if stored == RunPhase.PROFILING else "waiting for its admission decision"
+    elif stored == RunPhase.RUNNING and gpus:
         command, ack = channel.latest(), channel.acknowledged()
         pending = command if command is not None and command.seq > (ack.seq if ack else 0) else None
-        view.phase = "rescaling" if pending else "running"
+        view.phase = RunPhase.RESCALING if pending else RunPhase.RUNNING
         if pending is not None:
             view.detail = ("stopping: checkpointing, then it ends" if pending.action == "stop"
                            else f"moving to GPUs {_gpus(pending.gpus)}" if pending.gpus else "being parked")
-    elif allocations and allocations[-1].action in ("park", "released"):
+    elif allocations and allocations[-1].action in (AllocationAction.PARK, AllocationAction.RELEASED):
         view.detail = "parked: its GPUs went to runs closer to their deadlines"
     else:
         view.detail = row.message if (row.message or "").startswith("waiting") else "waiting for GPUs"
@@ -193,7 +192,7 @@ def report(home: Path | None = None) -> StatusReport:
     views = [_view(row, decisions.get(row.flow_run_id), allocations.get(row.flow_run_id, []),
                    home / "control", node_of) for row in runs]
     views.sort(key=lambda v: PHASE_ORDER.index(v.phase))  # stable: oldest first within a phase
-    holders = {g: v.name for v in views if v.phase in ("running", "rescaling") for g in v.gpus}
+    holders = {g: v.name for v in views if v.phase in (RunPhase.RUNNING, RunPhase.RESCALING) for g in v.gpus}
     from sqlalchemy.engine import make_url
 
     shown = make_url(url).render_as_string(hide_password=True)
@@ -226,7 +225,7 @@ def _result(view: RunView) -> str:
             spare = (view.deadline - view.finished_at).total_seconds()
             return f"{view.outcome} ({_span(abs(spare))} {'early' if spare >= 0 else 'late'})"
         return view.outcome
-    if view.phase == "rejected":
+    if view.phase == RunPhase.REJECTED:
         return view.reason or "rejected"
     if view.projected_finish and view.deadline:
         spare = (view.deadline - view.projected_finish).total_seconds()
@@ -279,7 +278,7 @@ def render(data: StatusReport, console: Any) -> None:
     for line in _gpu_map(data.gpus):
         console.print(line, markup=False, highlight=False)
     zone = datetime.now().astimezone().tzname()
-    console.print(f"{len(data.runs)} runs: " + ", ".join(f"{n} {p}" for p, n in counts.items() if n)
+    console.print(f"{len(data.runs)} runs: " + ", ".join(f"{n} {p.shown}" for p, n in counts.items() if n)
                   + f" (times {zone})")
     if console.width >= WIDE:
         from rich.table import Table
@@ -289,7 +288,7 @@ def render(data: StatusReport, console: Any) -> None:
         for column in ("run", "model", "phase", "GPUs", "nodes", "progress", "finish", "deadline", "outcome", "why"):
             table.add_column(column, overflow="fold")
         for v in data.runs:
-            cells = (v.name, v.model, v.phase, _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
+            cells = (v.name, v.model, v.phase.shown, _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
                      _when(v.finished_at or v.projected_finish, now), _when(v.deadline, now),
                      _result(v), _why(v, now))
             table.add_row(*(Text(cell) for cell in cells))  # a run's name is no markup
@@ -297,13 +296,13 @@ def render(data: StatusReport, console: Any) -> None:
         return
     for v in data.runs:
         result = _result(v)
-        head = f"{v.name} [{v.model}] {v.phase}" + (f": {result}" if result else "")
+        head = f"{v.name} [{v.model}] {v.phase.shown}" + (f": {result}" if result else "")
         where = (f"GPUs {_gpus(v.gpus)} on {','.join(v.nodes)}" if v.gpus
-                 else "" if v.phase in ("finished", "rejected") else "no GPUs")
+                 else "" if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED) else "no GPUs")
         when = (f"finished {_when(v.finished_at, now)}" if v.finished_at
                 else f"projected {_when(v.projected_finish, now)}" if v.projected_finish else "")
         due = f"deadline {_when(v.deadline, now)}" if v.deadline else "best-effort"
-        progress = "" if v.phase == "rejected" else f"it {_progress(v)}"
+        progress = "" if v.phase == RunPhase.REJECTED else f"it {_progress(v)}"
         for line in (head, "  " + "  ".join(x for x in (where, progress, when, due) if x),
                      f"  {_why(v, now)}" if _why(v, now) else ""):
             if line:

@@ -130,6 +130,7 @@ class GpusLost:
     on from its last checkpoint where the next plan puts it."""
 
     run_id: str
+    nodes: tuple[str, ...]  # the nodes gone
 
 
 @dataclass(frozen=True, slots=True)

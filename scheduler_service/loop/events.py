@@ -81,6 +81,7 @@ class ClusterChanged:
 
     topology: Topology
     mapping: dict[int, int]
+    lost_nodes: tuple[str, ...] = ()  # the nodes gone, by name, for what runs that had GPUs there are told
 
 
 @dataclass(frozen=True, slots=True)

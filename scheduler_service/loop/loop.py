@@ -193,7 +193,7 @@ class ControlLoop:
         lost: list[Action] = []
         for run in old_runs.values():
             if run.lose_gpus(event.mapping):
-                lost.append(GpusLost(run.run_id))
+                lost.append(GpusLost(run.run_id, event.lost_nodes))
             if run.stopping:
                 self.runs[run.run_id] = run  # told to stop: holds its GPUs until it has
                 continue

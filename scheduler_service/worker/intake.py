@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from flows.training.control import FileControlChannel
+from scheduler_service.loop.events import Arrived
 from scheduler_service.policy import Job, ThroughputCurve
-from scheduler_service.worker.run_state import NO_MARGIN, Phase, RunState, SafetyMargin
+from scheduler_service.worker.registry import ServiceRun
 
 NO_SPEED = {1: 1e-9}  # a curve with nothing measurable: the policy finds no usable GPU count
 
@@ -126,33 +127,29 @@ def usable_points(points: dict[int, float], batch_size: int, max_job_gpus: int) 
     return {g: s for g, s in points.items() if g <= limit and s > 0}
 
 
-def policy_job(run_id: str, submit_time: float, iterations: float, plan_deadline: float | None,
+def policy_job(run_id: str, submit_time: float, iterations: float, deadline: float | None,
                points: dict[int, float], model: str, batch_size: int, max_job_gpus: int) -> Job:
     """The policy's job for a flow run (a new one, or one adopted after a restart)."""
     try:
         curve = ThroughputCurve(usable_points(points, batch_size, max_job_gpus) or NO_SPEED)
     except ValueError:
         curve = ThroughputCurve(NO_SPEED)
-    return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=plan_deadline, curve=curve,
+    return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=deadline, curve=curve,
                model=model, batch_size=batch_size)
 
 
-def new_run(run_id: str, name: str, request: Request, control_root: str, now: float) -> RunState:
+def new_run(run_id: str, name: str, request: Request, control_root: str, now: float, flow_run: Any = None,
+            response: Any = None) -> ServiceRun:
     """A run taken in, before its throughput is known (Profiling) or once it is."""
-    job = policy_job(run_id, now, request.iterations, request.deadline, NO_SPEED, request.model,
-                     request.batch_size, max_job_gpus=1)
-    return RunState(run_id, job, FileControlChannel(run_id, request.params.control_dir or control_root),
-                    phase=Phase.PROFILING, deadline=request.deadline, name=name, params=request, taken_in_at=now)
+    channel = FileControlChannel(run_id, request.params.control_dir or control_root)
+    return ServiceRun(run_id, name, channel, request.deadline, model=request.model, iterations=request.iterations,
+                      taken_in_at=now, flow_run=flow_run, response=response, request=request)
 
 
-def ready(run: RunState, points: dict[int, float], max_job_gpus: int, launch_reserve_s: float,
-          now: float, margin: SafetyMargin = NO_MARGIN) -> RunState:
-    """The run with its throughput curve and its plan deadline: handed to the
-    scheduler, which decides at once."""
-    request: Request = run.params
-    run.reserve_s, run.margin = launch_reserve_s, margin
-    run.job = policy_job(run.run_id, now, request.iterations, None, points, request.model, request.batch_size,
-                         max_job_gpus)
-    run.replan()
-    run.phase = Phase.WAITING
-    return run
+def arrival(run: ServiceRun, points: dict[int, float], max_job_gpus: int, now: float) -> Arrived:
+    """The run for the control loop to decide, with its throughput curve; its
+    job's deadline is the user's (the loop derives the plan deadline)."""
+    request: Request = run.request
+    job = policy_job(run.run_id, now, request.iterations, request.deadline, points, request.model,
+                     request.batch_size, max_job_gpus)
+    return Arrived(run.run_id, job, run.taken_in_at)

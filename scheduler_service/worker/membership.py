@@ -2,27 +2,35 @@
 
 A node that joins adds capacity at the next plan; one that leaves or dies
 takes its GPUs with it. GPU ids are positions in the topology, so every id
-moves to its new position (by node and device), the policy is made anew for
-the new topology, and every admitted run is re-planned as after a restart:
-it keeps its guarantee if the smaller cluster still meets it, and otherwise
-carries on best-effort and says so (decisions.publish: `downgraded`). A run
-that had GPUs on a lost node lost its ranks: its flow process waits for the
-new placement the next actuation sends it.
+moves to its new position (by node and device); the control loop then makes
+its policy anew for the new topology and re-plans every admitted run as
+after a restart (loop.py, `ClusterChanged`): it keeps its guarantee if the
+smaller cluster still meets it, and otherwise carries on best-effort and
+says so. A run that had GPUs on a lost node lost its ranks: its flow process
+waits for the new placement the next actuation sends it.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from scheduler_service.policy import make_policy
+from scheduler_service.loop.events import ClusterChanged
 from scheduler_service.worker.cluster import Cluster
-from scheduler_service.worker.decisions import tell
 
-if TYPE_CHECKING:
-    from scheduler_service.worker.worker import ElasticFlowWorker
 
-log = logging.getLogger("prefect.workers.elasticflow.membership")
+@dataclass(frozen=True, slots=True)
+class ClusterChange:
+    """The new cluster, and what the loop is to be told of it."""
+
+    cluster: Cluster
+    event: ClusterChanged
+    gone: list[str]
+    joined: list[str]
+
+    def describe(self) -> str:
+        parts = [f"lost {', '.join(self.gone)}" if self.gone else "", f"joined {', '.join(self.joined)}"
+                 if self.joined else ""]
+        return "; ".join(p for p in parts if p) + f"; now {self.cluster.topology.describe()}"
 
 
 def renumbering(old: Cluster, new: Cluster) -> dict[int, int]:
@@ -32,24 +40,7 @@ def renumbering(old: Cluster, new: Cluster) -> dict[int, int]:
             if (slot.node, slot.index) in position}
 
 
-def follow(worker: ElasticFlowWorker, new: Cluster) -> None:
-    old = worker.cluster
+def follow(old: Cluster, new: Cluster) -> ClusterChange:
     gone = sorted(set(old.nodes) - set(new.nodes))
     joined = sorted(set(new.nodes) - set(old.nodes))
-    mapping = renumbering(old, new)
-    worker.policy = make_policy(worker.settings.policy, new.topology, interval=worker.interval,
-                                overhead=worker.overhead)
-    lost = worker.scheduler.rebase(worker.policy, mapping)
-    worker.cluster = worker.view.cluster = new
-    worker.profiler.num_gpus, worker.profiler.max_job_gpus = new.topology.num_gpus, new.topology.max_job_gpus
-    new.publish(worker.settings.home)
-    log.warning("cluster changed: %s%s%s; now %s", f"lost {', '.join(gone)}" if gone else "",
-                "; " if gone and joined else "", f"joined {', '.join(joined)}" if joined else "",
-                new.topology.describe())
-    worker.publisher.cluster_event("elasticflow.cluster.changed", {
-        "lost": gone, "joined": joined, "topology": new.topology.describe(),
-        "runs_that_lost_gpus": [run.run_id for run in lost]}, nodes=[*gone, *joined])
-    for run in lost:
-        tell(worker, run, f"its GPUs on {', '.join(gone) or 'a lost node'} are gone with the node; it goes on "
-                          "from its last checkpoint where the next plan puts it", warning=True)
-        worker.publisher.event(run.run_id, "elasticflow.run.nodes-lost", {"nodes": gone}, nodes=gone)
+    return ClusterChange(new, ClusterChanged(new.topology, renumbering(old, new), tuple(gone)), gone, joined)

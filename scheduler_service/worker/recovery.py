@@ -13,17 +13,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
-from scheduler_service.contracts import AllocationAction
+from scheduler_service.contracts import AllocationAction, RunPhase
+from scheduler_service.loop.events import Adopted
 from scheduler_service.worker.intake import policy_job
-from scheduler_service.worker.run_state import Phase, RunState
+from scheduler_service.worker.registry import ServiceRun
 from scheduler_service.worker.store import AllocationRecord, RunRecord, ServiceStore, aware
-
-if TYPE_CHECKING:
-    from scheduler_service.worker.worker import ElasticFlowWorker
 
 log = logging.getLogger("prefect.workers.elasticflow.recovery")  # shown with the worker's own lines
 
@@ -53,9 +51,9 @@ def found_in(flow_run: Any | None) -> Found:
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
-                now: float) -> RunState:
-    """The run as the scheduler must see it again: on the GPUs it may be
-    using (acknowledged, or commanded and not acknowledged yet)."""
+                now: float) -> tuple[ServiceRun, Adopted]:
+    """The run as the service keeps it, and as the loop must see it again: on
+    the GPUs it may be using (acknowledged, or commanded and not acknowledged yet)."""
     channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
     ack, command = channel.acknowledged(), channel.latest()
     commanded = tuple(command.gpus or []) if command else ()
@@ -65,46 +63,51 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
     job = policy_job(row.flow_run_id, aware(row.submitted_at).timestamp(), row.iterations, deadline, points,
                      row.model, row.global_batch_size, max_job_gpus)
     running = found.running
-    return RunState(row.flow_run_id, job, channel, held=held if running else (),
-                    commanded=commanded if running else (), pending_seq=pending if running else None,
-                    since=now - ADOPTED_SINCE_S, share=row.share, name=row.flow_run_name,
-                    foreign_process=running, phase=Phase.RUNNING if running else Phase.WAITING)
+    run = ServiceRun(row.flow_run_id, row.flow_run_name, channel, deadline, model=row.model,
+                     iterations=row.iterations, taken_in_at=job.submit_time, foreign_process=running,
+                     share=row.share)
+    adopted = Adopted(row.flow_run_id, job, row.share, running, held=held if running else (),
+                      commanded=commanded if running else (), pending_seq=pending if running else None,
+                      last_seq=command.seq if command else 0, cancelled=found.cancelling,
+                      since=now - ADOPTED_SINCE_S)
+    return run, adopted
 
 
 async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
-                  alive: Callable[[str | None, str], bool]) -> list[tuple[RunState, Found]]:
-    """The runs to adopt, each with how Prefect has it; the store is brought up
-    to date for the rest. `alive(infrastructure_id, run_id)` says whether a
-    run's process is really there: Prefect still says `Running` of a run whose
-    process died with the machine or the stack."""
+                  alive: Callable[[str | None, str], bool]) -> list[tuple[ServiceRun, Adopted]]:
+    """The runs to adopt; the store is brought up to date for the rest.
+    `alive(infrastructure_id, run_id)` says whether a run's process is really
+    there: Prefect still says `Running` of a run whose process died with the
+    machine or the stack."""
     from prefect.exceptions import ObjectNotFound
 
     from scheduler_service.store import get_curve
 
     adopted = []
-    for row in store.jobs(status=("arrived", "admitted", "running")):
+    for row in store.jobs(phases=(RunPhase.ARRIVED, RunPhase.PROFILING, RunPhase.ADMITTED, RunPhase.RUNNING)):
         try:
             flow_run = await client.read_flow_run(UUID(row.flow_run_id))
         except ObjectNotFound:
             flow_run = None
         found = found_in(flow_run)
         if found.final:
-            store.upsert_job(row.flow_run_id, status="finished", gpus="")
-            if row.status == "running":  # it ended while no worker watched: its GPUs went with it
+            store.upsert_job(row.flow_run_id, RunPhase.FINISHED, gpus="")
+            if row.status == RunPhase.RUNNING:  # it ended while no worker watched: its GPUs went with it
                 _released(store, row.flow_run_id, found.ended_at or datetime.now(timezone.utc))
             continue
-        if row.status == "arrived":
+        if row.status in (RunPhase.ARRIVED, RunPhase.PROFILING):
             continue  # not decided yet: taken in again by the next poll
+        phase = RunPhase(row.status)
         if found.running and not found.cancelling and not alive(flow_run.infrastructure_pid, row.flow_run_id):
-            found = await _resume(client, store, row)
-        if not found.running and not (found.scheduled and row.status == "admitted"):
-            store.upsert_job(row.flow_run_id, status="arrived")
+            found, phase = await _resume(client, store, row), RunPhase.ADMITTED
+        if not found.running and not (found.scheduled and phase == RunPhase.ADMITTED):
+            store.upsert_job(row.flow_run_id, RunPhase.ARRIVED)
             continue  # not decided yet: taken in again by the next poll
         points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
-        run = adopted_run(row, found, control_root, points, max_job_gpus, now)
+        run, event = adopted_run(row, found, control_root, points, max_job_gpus, now)
         if found.running:  # as it stands: on its GPUs, not merely admitted
-            store.upsert_job(row.flow_run_id, status="running", gpus=",".join(map(str, run.held)))
-        adopted.append((run, found))
+            store.upsert_job(row.flow_run_id, RunPhase.RUNNING, gpus=",".join(map(str, event.held)))
+        adopted.append((run, event))
     return adopted
 
 
@@ -125,32 +128,16 @@ async def _resume(client: Any, store: ServiceStore, row: RunRecord) -> Found:
     except Exception:
         log.exception("could not put flow run %s back in the queue", row.flow_run_id)
     log.warning("flow run %s: %s", row.flow_run_id, message)
-    if row.status == "running":
+    if row.status == RunPhase.RUNNING:
         _released(store, row.flow_run_id, datetime.now(timezone.utc))
-    store.upsert_job(row.flow_run_id, status="admitted", gpus="")
-    row.status = "admitted"
+    store.upsert_job(row.flow_run_id, RunPhase.ADMITTED, gpus="")
     return Found(final=False, running=False, cancelling=False, scheduled=True)
 
 
-async def adopt(worker: ElasticFlowWorker) -> None:
-    """Adopt what an earlier life of the worker left running or admitted, and
-    the cluster plot's recent past."""
-    control_root = str(worker.settings.home / "control")
-    for run, found in await recover(worker.client, worker.store, control_root, worker.cluster.topology.max_job_gpus,
-                                    worker.clock(), worker.backend.alive):
-        worker.runs[run.run_id] = run
-        worker.scheduler.adopt(run, running=found.running, cancelled=found.cancelling)
-        where = f"on GPUs {','.join(map(str, run.held))}" if found.running else "still waiting for GPUs"
-        log.info("adopted %s flow run %s %s", "running" if found.running else "admitted", run.run_id, where)
-        await worker.publisher.find_history(run, [(aware(r.at), r.action, r.gpus)
-                                                  for r in worker.store.allocations(run.run_id)])
-    worker.view.restore(*allocation_changes(worker.store))
-
-
-def allocation_changes(store: ServiceStore, hours: float = 6.0) -> tuple[list[tuple[datetime, str, int]],
+def allocation_changes(store: ServiceStore, hours: float = 6.0) -> tuple[list[tuple[datetime, str, str, int]],
                                                                           dict[str, datetime]]:
     """The cluster plot's last hours from the store, so a restart does not wipe it:
-    (when, run name, GPUs held from then on) and each run's deadline."""
+    (when, run id, run name, GPUs held from then on) and each run's deadline, by id."""
     jobs = {row.flow_run_id: row for row in store.jobs()}
 
     def name(run_id: str) -> str:
@@ -158,6 +145,7 @@ def allocation_changes(store: ServiceStore, hours: float = 6.0) -> tuple[list[tu
         return row.flow_run_name if row is not None and row.flow_run_name else run_id[:8]
 
     rows = store.allocations(since=datetime.now(timezone.utc) - timedelta(hours=hours))
-    changes = [(aware(r.at), name(r.flow_run_id), len([g for g in r.gpus.split(",") if g])) for r in rows]
-    deadlines = {name(i): aware(row.deadline) for i, row in jobs.items() if row.deadline is not None}
+    changes = [(aware(r.at), r.flow_run_id, name(r.flow_run_id), len([g for g in r.gpus.split(",") if g]))
+               for r in rows]
+    deadlines = {i: aware(row.deadline) for i, row in jobs.items() if row.deadline is not None}
     return changes, deadlines

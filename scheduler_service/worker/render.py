@@ -64,7 +64,7 @@ class AllocationSample(BaseModel):
     """How many GPUs each run held from `at` until the next sample."""
 
     at: datetime
-    gpus: dict[str, int] = Field(default_factory=dict)  # run (name or id) -> GPUs held
+    gpus: dict[str, int] = Field(default_factory=dict)  # run (its flow run id) -> GPUs held
 
 
 class Outlook(str, Enum):
@@ -269,8 +269,8 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
 
 
 def samples_from_changes(changes: list[tuple[datetime, str, int]]) -> list[AllocationSample]:
-    """Cumulative samples from per-run changes `(at, run, GPUs it holds from then
-    on)`, such as the `ef_allocation` rows (launch, rescale, park: the set's
+    """Cumulative samples from per-run changes `(at, run id, GPUs it holds from
+    then on)`, such as the `ef_allocation` rows (launch, rescale, park: the set's
     size; release: 0). One sample per distinct time, runs at 0 dropped."""
     held: dict[str, int] = {}
     samples: list[AllocationSample] = []
@@ -303,13 +303,23 @@ def plotted_jobs(samples: list[AllocationSample], until: datetime | None = None,
     return ranked[:max_jobs], ranked[max_jobs:]
 
 
+def legend_names(runs: list[str], names: dict[str, str] | None) -> list[str]:
+    """What the plot calls each run: its name (two runs of one name told
+    apart by their ids), or its id when it has none."""
+    given = [(names or {}).get(run) or run for run in runs]
+    return [f"{name} ({run[:8]})" if given.count(name) > 1 and name != run else name
+            for run, name in zip(runs, given)]
+
+
 def allocation_plot(samples: list[AllocationSample], deadlines: dict[str, datetime] | None = None,
                     total_gpus: int | None = None, until: datetime | None = None,
-                    max_jobs: int = PLOT_MAX_JOBS, width_px: int = 900, height_px: int = 360) -> bytes:
+                    max_jobs: int = PLOT_MAX_JOBS, width_px: int = 900, height_px: int = 360,
+                    names: dict[str, str] | None = None) -> bytes:
     """A PNG of GPUs per job over time: stacked steps (each sample holds until the
     next one, the last until `until`), each job's deadline a dashed line in its
     colour, the cluster's size a grey line. Jobs beyond `max_jobs` (by
-    GPU-seconds) share one grey "other jobs" band so the legend stays readable."""
+    GPU-seconds) share one grey "other jobs" band so the legend stays readable.
+    Samples and deadlines are keyed by run id; `names` gives the legend's words."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -332,7 +342,7 @@ def allocation_plot(samples: list[AllocationSample], deadlines: dict[str, dateti
         shown, others = plotted_jobs(points, end, max_jobs)
         xs = times + [end]  # the last sample holds until `end`
         series = [[float(s.gpus.get(run, 0)) for s in points] for run in shown]
-        labels = list(shown)
+        labels = legend_names(shown, names)
         colours = [matplotlib.colormaps["tab10"](i % 10) for i in range(len(shown))]
         if others:
             series.append([float(sum(s.gpus.get(run, 0) for run in others)) for s in points])
@@ -353,7 +363,7 @@ def allocation_plot(samples: list[AllocationSample], deadlines: dict[str, dateti
                     right = max(right, due[run] + timedelta(seconds=span * 0.02))
         for i, run in enumerate(shown):
             if run in due:
-                labels[i] = f"{run} (due {due[run]:%H:%M:%S})"
+                labels[i] = f"{labels[i]} (due {due[run]:%H:%M:%S})"
         if series:
             axes.stackplot(xs, *series, labels=labels, colors=colours, step="post", alpha=0.85,
                            edgecolor="white", linewidth=0.5)
@@ -384,9 +394,10 @@ def png_data_uri(png: bytes) -> str:
 
 
 def allocation_markdown(samples: list[AllocationSample], deadlines: dict[str, datetime] | None = None,
-                        total_gpus: int | None = None, until: datetime | None = None) -> str:
+                        total_gpus: int | None = None, until: datetime | None = None,
+                        names: dict[str, str] | None = None) -> str:
     """The allocation plot embedded in markdown as a data URI: the Prefect 3.9.1
     UI renders it inside a markdown artifact (checked in headless Chromium by
     tests/ui), so the picture needs no file server."""
-    png = allocation_plot(samples, deadlines, total_gpus, until)
+    png = allocation_plot(samples, deadlines, total_gpus, until, names=names)
     return f"## Allocation over time\n\n![GPUs per job over time]({png_data_uri(png)})"

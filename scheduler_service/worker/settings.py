@@ -15,7 +15,9 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler_service.loop import LoopSettings
 from scheduler_service.markdown import markdown_table
+from scheduler_service.policy.overhead import RestartOverhead
 
 PREFIX = "ELASTICFLOW_"
 
@@ -84,6 +86,13 @@ class WorkerSettings(BaseSettings):
         if name not in POLICIES:
             raise ValueError(f"one of {', '.join(sorted(POLICIES))}")
         return name
+
+    def loop(self) -> LoopSettings:
+        """What the control loop decides with. A start is charged `restart_s`
+        plus half a second to stop, the same at every width (one machine)."""
+        return LoopSettings(policy=self.policy, interval_s=self.interval_s,
+                            overhead=RestartOverhead(stop_s=0.5, restart_s=self.restart_s, per_level_s=0.0),
+                            launch_s=self.launch_s, safety_margin=self.safety_margin, at_risk_s=self.at_risk_s)
 
     @property
     def effective_poll_s(self) -> float:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, select
 
+from scheduler_service.contracts import RunPhase
 from scheduler_service.store.db import get_engine
 
 
@@ -37,7 +38,7 @@ class RunRecord(SQLModel, table=True):
     iterations: float = 0
     deadline: datetime | None = None
     submitted_at: datetime = Field(default_factory=_now)
-    status: str = Field(default="arrived", index=True)  # arrived|admitted|rejected|running|finished
+    status: str = Field(default=RunPhase.ARRIVED.value, index=True)  # a RunPhase value
     share: int | None = None
     gpus: str = ""  # GPU ids it holds now, "0,1"
     message: str = ""
@@ -75,9 +76,12 @@ class ServiceStore:
         self.engine = engine or get_engine()
         SQLModel.metadata.create_all(self.engine)
 
-    def upsert_job(self, flow_run_id: str, **fields: object) -> None:
+    def upsert_job(self, flow_run_id: str, phase: RunPhase | None = None, **fields: object) -> None:
+        """Create or update the run's row: its phase, and any other columns given."""
         with Session(self.engine) as session:
             row = session.get(RunRecord, flow_run_id) or RunRecord(flow_run_id=flow_run_id)
+            if phase is not None:
+                row.status = phase.value
             for key, value in fields.items():
                 setattr(row, key, value)
             row.updated_at = _now()
@@ -89,12 +93,12 @@ class ServiceStore:
             session.add(record)
             session.commit()
 
-    def jobs(self, status: tuple[str, ...] | None = None) -> list[RunRecord]:
-        """Every run's row, oldest first; only those in `status` if given."""
+    def jobs(self, phases: tuple[RunPhase, ...] | None = None) -> list[RunRecord]:
+        """Every run's row, oldest first; only those in `phases` if given."""
         with Session(self.engine) as session:
             query = select(RunRecord)
-            if status:
-                query = query.where(RunRecord.status.in_(status))  # type: ignore[attr-defined]
+            if phases:
+                query = query.where(RunRecord.status.in_([p.value for p in phases]))  # type: ignore[attr-defined]
             return list(session.exec(query.order_by(RunRecord.submitted_at)).all())
 
     def decisions(self, flow_run_id: str | None = None) -> list[DecisionRecord]:

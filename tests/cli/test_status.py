@@ -17,11 +17,12 @@ from typer.testing import CliRunner
 
 from scheduler_service.cli import _register, app
 from scheduler_service.cli.status import StatusReport, render, report
+from scheduler_service.contracts import RunPhase
 from tests.cli.runs import CLUSTER, REJECTION, TOTAL, fill
 
-PHASE = {"profiling": "profiling", "waiting": "admitted-waiting", "parked": "admitted-waiting",
-         "running": "running", "rescaling": "rescaling", "met": "finished", "missed": "finished",
-         "stopped": "finished", "rejected": "rejected"}
+PHASE = {"profiling": RunPhase.PROFILING, "waiting": RunPhase.ADMITTED, "parked": RunPhase.ADMITTED,
+         "running": RunPhase.RUNNING, "rescaling": RunPhase.RESCALING, "met": RunPhase.FINISHED,
+         "missed": RunPhase.FINISHED, "stopped": RunPhase.FINISHED, "rejected": RunPhase.REJECTED}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,7 +70,7 @@ def test_piped_output_names_every_run_phase_outcome_and_reason(home: Path, kinds
     for name, kind in kinds.items():
         block = blocks[name]
         head = block.splitlines()[0]
-        assert head.startswith(f"{name} [mlp] {PHASE[kind]}"), block
+        assert head.startswith(f"{name} [mlp] {PHASE[kind].shown}"), block
         if kind == "rejected":
             assert f"rejected: {REJECTION[0]}" in head and REJECTION[1] in block
             assert "earliest feasible deadline" in block

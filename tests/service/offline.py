@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,8 +45,14 @@ class RecordingPublisher(Publisher):
             self.states[run_id] = "Rejected"
 
     async def history(self, run: Any, *args: Any, **kwargs: Any) -> None:
-        run.history.append({"action": str(args[0])})  # kept on the run: gone with it
-        self.calls += 1
+        self.calls += 1  # its rows are kept on the run: gone with it
+
+
+class OfflineClient:
+    """What take-in asks Prefect: every run here is of the `train` flow."""
+
+    async def read_flow(self, flow_id: Any) -> Any:
+        return SimpleNamespace(name="train")
 
 
 class FlowRun:
@@ -55,6 +62,8 @@ class FlowRun:
         self.id = run_id or str(uuid.uuid4())
         self.name = f"run-{self.id[:8]}"
         self.parameters = parameters or {}
+        self.flow_id = "train"
+        self.next_scheduled_start_time = self.expected_start_time = None  # due now
 
 
 class Entry:
@@ -64,14 +73,14 @@ class Entry:
         self.flow_run = flow_run
 
 
-def offline_worker(home: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def offline_worker(home: Path, monkeypatch: pytest.MonkeyPatch, publisher: RecordingPublisher | None = None) -> Any:
     from scheduler_service.worker.worker import ElasticFlowWorker
 
     monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
     monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(ROOT / "infra" / "local-cpu2.csv"))
     worker = ElasticFlowWorker(work_pool_name="offline")
-    worker.store = ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
-                                              connect_args={"check_same_thread": False}))
-    worker.publisher = RecordingPublisher()
     worker.get_flow_run_logger = lambda flow_run: worker._logger  # type: ignore[method-assign]
+    worker.connect(ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
+                                              connect_args={"check_same_thread": False})),
+                   publisher or RecordingPublisher(), OfflineClient())
     return worker

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_service.worker import decisions, intake
-from tests.service.offline import ROOT, FlowRun, RecordingPublisher, offline_worker
+from tests.service.offline import ROOT, Entry, FlowRun, RecordingPublisher, offline_worker
 
 pytestmark = pytest.mark.slow
 
@@ -30,22 +29,20 @@ async def _cycle(worker: Any, index: int, now: float) -> None:
     """One run through take-in, decision, launch, acknowledgement and its end."""
     from flows.training.control import ControlAck
 
+    from flows.training.control import FileControlChannel
+
     run_id = f"{index:08d}"
-    request = intake.read_request({"model": "mlp", "iterations": 100, "deadline": "+1h"}, now)
-    run = intake.new_run(run_id, f"run-{run_id}", request, str(worker.settings.home / "control"), now)
-    run.flow_run = run.response = FlowRun(run_id=run_id)
-    worker.runs[run_id] = run
-    worker._ready(run, POINTS, now)
-    result = worker.scheduler.plan(now)
-    if result is not None:
-        await decisions.publish(worker, result, now)
-    for action in worker.scheduler.actuate(now):
-        await decisions.apply(worker, action, now)
-    command = run.channel.latest()
+    entry = Entry(FlowRun({"model": "mlp", "iterations": 100, "deadline": "+1h"}, run_id=run_id))
+    await worker.take_in.take([entry], now)
+    await worker.decide(now)
+    channel = FileControlChannel(run_id, worker.settings.home / "control")
+    command = channel.latest()
     if command is not None:
-        run.channel.acknowledge(ControlAck(seq=command.seq, iteration=100, gpus=command.gpus or []))
-    worker.view.due(worker.view.snapshot(worker.runs, now), now)
-    await worker.finished(run_id)
+        channel.acknowledge(ControlAck(seq=command.seq, iteration=100, gpus=command.gpus or []))
+    await worker.decide(now + 0.5)
+    names = {run.run_id: run.name for run in worker.registry}
+    worker.view.due(worker.view.snapshot(worker.loop.views(now), names, now), now)
+    await worker.ended(run_id)
 
 
 def _traced() -> tracemalloc.Snapshot:
@@ -55,9 +52,12 @@ def _traced() -> tracemalloc.Snapshot:
 def measure(home: str) -> dict[str, Any]:
     """10,000 runs through a fresh offline worker; what it keeps, and what the
     last 5,000 added to the heap (with where, the largest growths first)."""
+    from scheduler_service.store import save_curve
+
     monkeypatch = pytest.MonkeyPatch()
-    worker = offline_worker(Path(home), monkeypatch)
-    worker.publisher = RecordingPublisher(keep_states=False)  # the recorder itself must not grow either
+    publisher = RecordingPublisher(keep_states=False)  # the recorder itself must not grow either
+    worker = offline_worker(Path(home), monkeypatch, publisher)
+    save_curve("mlp", 32, POINTS)
 
     async def drive(first: int, last: int) -> None:
         for i in range(first, last):
@@ -76,7 +76,7 @@ def measure(home: str) -> dict[str, Any]:
         tracemalloc.stop()
         logging.disable(logging.NOTSET)
     growth = after.compare_to(before, "lineno")
-    return {"sizes_before": sizes_before, "sizes": worker.bookkeeping(), "calls": worker.publisher.calls,
+    return {"sizes_before": sizes_before, "sizes": worker.bookkeeping(), "calls": publisher.calls,
             "grown": sum(stat.size_diff for stat in growth),
             "where": [str(stat) for stat in growth[:8]]}
 
@@ -96,6 +96,6 @@ def test_ten_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path)
           f"memory grown over the last 5,000: {grown / 1024:.0f} KiB")
     assert result["calls"] > 10_000 * 5  # they really went through admission and launch
     assert sizes == result["sizes_before"]  # nothing per ended run stays (recent ids are capped)
-    assert sizes["runs"] == 0 and sizes["scheduler.arrivals"] == 0
+    assert sizes["runs"] == 0 and sizes["loop.runs"] == 0 and sizes["loop.arrivals"] == 0
     # and nothing per run elsewhere: under 50 bytes a run (a leak is KiBs a run)
     assert grown < 256 * 1024, "\n".join(result["where"])

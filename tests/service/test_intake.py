@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 
 import pytest
 
-from scheduler_service.worker.intake import InvalidRun, new_run, read_request, ready, usable_points
-from scheduler_service.worker.run_state import (
-    Phase,
+from scheduler_service.loop.deadlines import (
     SafetyMargin,
     plan_deadline_for,
     plan_deadline_mid_slot,
     user_deadline_for,
 )
+from scheduler_service.loop.run import LoopRun
+from scheduler_service.worker.intake import InvalidRun, arrival, new_run, read_request, usable_points
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc).timestamp()
 
@@ -57,12 +57,12 @@ def test_the_launch_reserve_the_margin_and_the_mid_slot_correction_move_only_the
         plan = plan_deadline_for(deadline, NOW, 12.0, margin)
         assert plan is not None and abs(user_deadline_for(plan, NOW, 12.0, margin) - deadline) < 1e-6
     request = read_request({"model": "mlp", "iterations": 100, "deadline": "+10m"}, NOW)
-    run = new_run("r", "calm-otter", request, str(tmp_path), NOW)
-    assert run.phase == Phase.PROFILING and run.deadline == NOW + 600
-    ready(run, {1: 10.0, 2: 19.0}, max_job_gpus=2, launch_reserve_s=12.0, now=NOW, margin=margin)
-    assert run.phase == Phase.WAITING and run.deadline == NOW + 600 and run.plan_deadline == NOW + 558
-    run.reserve_s = plan_deadline_mid_slot(run.reserve_s, 2.0)
-    run.replan()
+    taken_in = new_run("r", "calm-otter", request, str(tmp_path), NOW)
+    event = arrival(taken_in, {1: 10.0, 2: 19.0}, max_job_gpus=2, now=NOW)
+    assert taken_in.deadline == NOW + 600 and event.job.deadline == NOW + 600  # the loop gets the user's
+    run = LoopRun("r", event.job, event.at, reserve_s=12.0, margin=margin)  # as the loop takes it in
+    assert run.deadline == NOW + 600 and run.plan_deadline == NOW + 558
+    run.keep_in_front(2.0)
     assert run.plan_deadline == NOW + 556 and run.deadline == NOW + 600
     later = plan_deadline_for(NOW + 1000, NOW, run.reserve_s, margin)
     assert later is not None and abs(run.to_user_time(later) - (NOW + 1000)) < 1e-6  # earliest deadlines, told right

@@ -1,25 +1,16 @@
-"""The cluster read from Ray, and what a change of nodes does to the runs,
-without Ray: `ray.nodes()`-shaped input and the scheduler on its own."""
+"""The cluster read from Ray, and a change of nodes as the loop is told of
+it, without Ray: `ray.nodes()`-shaped input (what the loop then does to the
+runs: tests/loop/test_cluster_change.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from flows.training.control import ControlAck, FileControlChannel
 from flows.training.ray_nodes import read_nodes, slots_of
-from scheduler_service.policy import Job, ThroughputCurve, Topology
-from scheduler_service.policy.elasticflow import ElasticFlowPolicy
-from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.policy import Topology
 from scheduler_service.stack.ray_local import parse_local
 from scheduler_service.worker.cluster import Cluster
-from scheduler_service.worker.membership import renumbering
-from scheduler_service.worker.run_state import Phase, RunState
-from scheduler_service.worker.scheduler import Scheduler
-
-T0 = 1000.0
-CURVE = ThroughputCurve({1: 20.0, 2: 36.0, 4: 64.0})
+from scheduler_service.worker.membership import follow, renumbering
 
 
 def node(name: str, gpus: int = 0, slots: int = 0, alive: bool = True) -> dict[str, object]:
@@ -72,62 +63,8 @@ def test_a_node_that_joins_adds_gpus_after_those_there_were() -> None:
     assert renumbering(_cluster("n0"), _cluster("n0", "n1")) == {0: 0, 1: 1}
 
 
-def _run(tmp: Path, run_id: str, iterations: float, deadline: float | None) -> RunState:
-    return RunState(run_id, Job(run_id, T0, iterations, deadline, CURVE), FileControlChannel(run_id, tmp))
-
-
-def _ack(run: RunState) -> None:
-    command = run.channel.latest()
-    assert command is not None
-    run.channel.acknowledge(ControlAck(seq=command.seq, iteration=0, gpus=command.gpus or []))
-
-
-def test_a_lost_node_replans_every_run_and_the_run_that_had_gpus_there_waits_for_a_new_placement(
-        tmp_path: Path) -> None:
-    overhead = RestartOverhead(0.5, 0.5, 0.0)
-    before = _cluster("n0", "n1")
-    sched = Scheduler(ElasticFlowPolicy(Topology(1, 2, 2), interval=2.0, overhead=overhead),
-                      locate=before.locate)
-    a = _run(tmp_path, "a", 64 * 100, T0 + 300)  # needs 4 GPUs for 100 s, or 2 for 178 s
-    sched.arrive(a)
-    sched.plan(T0)
-    sched.actuate(T0)
-    _ack(a)
-    sched.actuate(T0)
-    command = a.channel.latest()
-    assert command is not None and command.placement is not None
-    assert {s.name for s in command.placement} == {"n0", "n1"}  # the command says where each GPU is
-    held = a.held
-    assert len(held) == 4
-
-    after = _cluster("n0")
-    lost = sched.rebase(ElasticFlowPolicy(Topology(1, 1, 2), interval=2.0, overhead=overhead),
-                        renumbering(before, after))
-    sched.locate = after.locate
-    assert lost == [a] and a.commanded == () and a.held == (0, 1)  # n0's GPUs stay held until it acknowledges
-    assert a.adopted and a.phase == Phase.RUNNING
-    result = sched.plan(T0 + 10)
-    assert result is not None
-    # 2 GPUs for what is left still meets its deadline: it keeps its guarantee.
-    assert not result.downgraded
-    actions = {x.run_id: x for x in sched.actuate(T0 + 10)}
-    assert actions["a"].kind == "rescale" and actions["a"].gpus == (0, 1)
-    command = a.channel.latest()
-    assert command is not None and [s.name for s in command.placement or []] == ["n0", "n0"]
-
-
-def test_a_run_the_smaller_cluster_cannot_guarantee_is_said_to_carry_on_best_effort(tmp_path: Path) -> None:
-    overhead = RestartOverhead(0.5, 0.5, 0.0)
-    before = _cluster("n0", "n1")
-    sched = Scheduler(ElasticFlowPolicy(Topology(1, 2, 2), interval=2.0, overhead=overhead), locate=before.locate)
-    a = _run(tmp_path, "a", 64 * 100, T0 + 120)  # only 4 GPUs make it
-    sched.arrive(a)
-    assert sched.plan(T0).decisions[0].admitted  # type: ignore[union-attr]
-    sched.actuate(T0)
-    _ack(a)
-    after = _cluster("n0")
-    sched.rebase(ElasticFlowPolicy(Topology(1, 1, 2), interval=2.0, overhead=overhead), renumbering(before, after))
-    result = sched.plan(T0 + 10)
-    assert result is not None and result.downgraded == [a]
-    assert a.job.deadline is None  # planned best-effort from here on; never rejected
-    assert sched.plan(T0 + 12) is not None and not sched.plan(T0 + 14).downgraded  # type: ignore[union-attr]
+def test_following_a_lost_node_tells_the_loop_where_every_gpu_went() -> None:
+    change = follow(_cluster("n0", "n1", "n2"), _cluster("n0", "n2"))
+    assert change.gone == ["n1"] and change.joined == []
+    assert change.event.mapping == {0: 0, 1: 1, 4: 2, 5: 3} and change.event.lost_nodes == ("n1",)
+    assert change.event.topology.num_gpus == 4 and "lost n1; now" in change.describe()

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from scheduler_service.contracts import RunPhase
 from scheduler_service.store.db import DATABASE_URL_ENV
 
 
@@ -30,8 +31,8 @@ def test_service_state_round_trips_on_postgresql(postgres_url: str, monkeypatch:
     assert get_engine().dialect.name == "postgresql"
     store = ServiceStore()
     deadline = datetime(2026, 12, 1, 6, 0, tzinfo=timezone.utc)
-    store.upsert_job("run-1", model="mlp", global_batch_size=32, iterations=500, deadline=deadline, status="arrived")
-    store.upsert_job("run-1", status="admitted", share=2)
+    store.upsert_job("run-1", RunPhase.ARRIVED, model="mlp", global_batch_size=32, iterations=500, deadline=deadline)
+    store.upsert_job("run-1", RunPhase.ADMITTED, share=2)
     store.add(DecisionRecord(flow_run_id="run-1", admitted=True, share=2, decision_ms=1.5))
     store.add(DecisionRecord(flow_run_id="run-2", admitted=False, reason="deadline_passed",
                              earliest_feasible_deadline=deadline + timedelta(hours=1)))

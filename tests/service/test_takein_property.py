@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_service.worker import decisions
 from tests.service.offline import Entry, FlowRun, offline_worker
 
 NOW = 1_800_000_000.0
@@ -56,13 +55,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 async def _poll(worker: Any, batch: list[dict[str, Any]], now: float) -> list[str]:
     entries = [Entry(FlowRun(parameters)) for parameters in batch]
-    for entry in entries:  # what the poll does for each new training run
-        await worker._take_in_one(entry, now)
-    result = worker.scheduler.plan(now)
-    if result is not None:
-        await decisions.publish(worker, result, now)
-    for action in worker.scheduler.actuate(now):
-        await decisions.apply(worker, action, now)
+    await worker.take_in.take(entries, now)  # what the poll does with new training runs
+    await worker.decide(now)
     return [str(entry.flow_run.id) for entry in entries]
 
 
@@ -70,11 +64,10 @@ async def _poll(worker: Any, batch: list[dict[str, Any]], now: float) -> list[st
                                                                   HealthCheck.too_slow])
 @given(batch=st.lists(parameter_sets, min_size=1, max_size=6))
 def test_every_generated_run_is_decided_and_the_worker_survives(worker: Any, batch: list[dict[str, Any]]) -> None:
-    worker.scheduler.last_slot = None  # each batch is planned at once
     ids = asyncio.run(_poll(worker, batch, NOW))
-    states = worker.publisher.states
+    states = worker.reporter.publisher.states
     for run_id in ids:  # a decision, once; an admitted run may be Waiting already (best-effort, no spare GPU)
-        assert len(worker.store.decisions(run_id)) == 1, (run_id, states.get(run_id))
+        assert len(worker.reporter.store.decisions(run_id)) == 1, (run_id, states.get(run_id))
         assert states.get(run_id) in ("Rejected", "Admitted", "Waiting"), (run_id, states.get(run_id))
     for run_id in ids:  # done with them: the next batch starts from an empty cluster
-        asyncio.run(worker.finished(run_id))
+        asyncio.run(worker.ended(run_id))

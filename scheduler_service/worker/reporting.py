@@ -1,0 +1,221 @@
+"""What the service tells about its runs, in one order: the store first (the
+truth a restarted worker and `elasticflow status` read), then Prefect
+(states, labels, events, the history artifact), then the run's own log.
+
+Telling Prefect is what takes time (a state, labels, an event, an artifact
+per run), so it goes on in the background where nothing waits for it,
+`ELASTICFLOW_PUBLISH_CONCURRENCY` requests at a time: in a burst, a poll that
+waited for hundreds of state writes left the runs created meanwhile untaken.
+A worker stopped before Prefect heard of a rejection leaves the run
+Scheduled, to be decided again by the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from functools import partial
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from scheduler_service.contracts import AllocationAction, EventName, Label, Rejection, RunPhase, StateName
+from scheduler_service.loop.actions import Admitted, Command, Release, RiskChanged
+from scheduler_service.loop.run import RunView
+from scheduler_service.worker.publish import Publisher
+from scheduler_service.worker.registry import ServiceRun
+from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
+from scheduler_service.worker.wording import clock, gpus_label, iso, outcome_line, outlook_line
+
+log = logging.getLogger("prefect.workers.elasticflow.decisions")  # shown with the worker's own lines
+
+VERBS = {AllocationAction.LAUNCH: "launched", AllocationAction.RESCALE: "resized: now",
+         AllocationAction.PARK: "parked (checkpointed; it waits for its new GPUs),"}
+
+
+class Reporter:
+    def __init__(self, store: ServiceStore, publisher: Publisher, logger_for: Callable[[Any], Any],
+                 task_group: Callable[[], Any], concurrency: int) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.logger_for = logger_for  # a flow run -> its Prefect logger
+        self.task_group = task_group  # where background requests run (None: inline)
+        self.publishing = anyio.Semaphore(concurrency)  # Prefect requests in flight
+        self.untold = 0  # decisions waiting to be told to Prefect in the background
+        self.decision_seconds: deque[float] = deque(maxlen=1000)  # policy calls that decided runs
+
+    # -- how it is told --------------------------------------------------------
+    async def in_background(self, tell: Callable[..., Awaitable[None]], *args: Any, later: bool = False) -> None:
+        """Tell Prefect without holding up the poll, within `publishing`'s
+        requests in flight; inline before the worker's task group exists.
+        What can come `later` (details of a decision already shown) waits
+        until no decision is left to tell: on a loaded server it would
+        otherwise hold the decisions back by a third."""
+        async def gated() -> None:
+            try:
+                while later and self.untold:
+                    await anyio.sleep(0.1)
+                async with self.publishing:
+                    await tell(*args)
+            finally:
+                self.untold -= not later
+
+        self.untold += not later  # counted from now: a later one spawned next must see it
+        group = self.task_group()
+        if group is None:
+            await gated()
+        else:
+            group.start_soon(gated)
+
+    def tell(self, run: ServiceRun, text: str, warning: bool = False) -> None:
+        """A line in the run's own logs: the tab its page opens on, read without a click."""
+        logger = self.logger_for(run.flow_run) if run.flow_run is not None else log
+        try:
+            (logger.warning if warning else logger.info)("ElasticFlow: %s", text)
+        except Exception:
+            log.info("flow run %s: %s", run.run_id, text)
+
+    @staticmethod
+    def _header(run: ServiceRun, guaranteed_finish: float | None = None) -> list[str]:
+        deadline = iso(run.deadline) if run.deadline is not None else "none (best-effort)"
+        lines = [f"**{run.model}**, {run.iterations:.0f} iterations, deadline {deadline}, "
+                 f"minimum satisfactory share {run.share}"]
+        if guaranteed_finish is not None:
+            lines.append(f"guaranteed finish: {iso(guaranteed_finish)}")
+        return lines
+
+    async def _history(self, run: ServiceRun, action: AllocationAction, gpus: tuple[int, ...], iteration: int,
+                       projected: float | None, guaranteed_finish: float | None = None) -> None:
+        run.record(action.value, gpus_label(gpus), iteration, (iso(projected) or "-")[:19].replace("T", " "))
+        await self.publisher.history(run, self._header(run, guaranteed_finish))
+
+    async def _history_now(self, run: ServiceRun, action: AllocationAction, gpus: tuple[int, ...],
+                           view: RunView | None, guaranteed_finish: float | None = None) -> None:
+        """A row with where the run stands now, as the loop sees it."""
+        await self._history(run, action, gpus, view.iteration if view is not None else 0,
+                            view.projected_finish if view is not None else None, guaranteed_finish)
+
+    # -- what is told ------------------------------------------------------------
+    def taken_in(self, run: ServiceRun, batch_size: int) -> None:
+        from scheduler_service.contracts import epoch_to_datetime
+
+        self.store.upsert_job(run.run_id, RunPhase.ARRIVED, flow_run_name=run.name, model=run.model,
+                              global_batch_size=batch_size, iterations=run.iterations,
+                              deadline=epoch_to_datetime(run.deadline))
+
+    async def profiling(self, run: ServiceRun, now: float) -> None:
+        why = "profiling the throughput of this model on first use"
+        self.store.upsert_job(run.run_id, RunPhase.PROFILING, message=why)
+        await self.publisher.waiting_state(run, StateName.PROFILING, now, why)
+
+    async def rejected(self, run_id: str, flow_run: Any, rejection: Rejection, decision_s: float | None = None) -> None:
+        """Rejected: in the store, then Prefect (state and event, then labels) in the background."""
+        text = rejection.state_message()
+        self.store.upsert_job(run_id, RunPhase.REJECTED, flow_run_name=getattr(flow_run, "name", ""), message=text)
+        self.store.add(DecisionRecord(
+            flow_run_id=run_id, admitted=False, reason=rejection.reason.value, message=rejection.message,
+            earliest_feasible_deadline=rejection.earliest_feasible_deadline,
+            decision_ms=None if decision_s is None else decision_s * 1000))
+        if decision_s is not None:
+            self.decision_seconds.append(decision_s)
+        await self.in_background(self.publisher.rejected, run_id, rejection)
+        await self.in_background(self.publisher.rejection_labels, run_id, rejection, later=True)
+        log.info("rejected flow run %s: %s", run_id, text)
+        try:  # also in the run's own logs, the tab its page opens on
+            self.logger_for(flow_run).warning("ElasticFlow rejected this run: %s", text)
+        except Exception:
+            pass
+
+    async def admitted(self, run: ServiceRun, action: Admitted, view: RunView | None, now: float) -> None:
+        share = action.share
+        self.store.add(DecisionRecord(flow_run_id=run.run_id, admitted=True, message=action.message, share=share,
+                                      decision_ms=action.decision_s * 1000))
+        self.store.upsert_job(run.run_id, RunPhase.ADMITTED, share=share, message=action.message)
+        self.decision_seconds.append(action.decision_s)
+        self.publisher.event(run.run_id, EventName.DECISION, {
+            "admitted": True, "guaranteed": action.guaranteed, "mss": share, "message": action.message,
+            "guaranteed_finish": iso(action.guaranteed_finish), "decision_ms": round(action.decision_s * 1000, 3),
+            "allocation": action.gpus_now,
+        })
+        guaranteed = f"; guaranteed to finish by {clock(action.guaranteed_finish)}" \
+            if action.guaranteed_finish is not None else ""
+        self.tell(run, f"{action.message}{guaranteed}")
+        async with self.publishing, anyio.create_task_group() as group:  # the poll waits for the slowest only
+            group.start_soon(self.publisher.labels, run.run_id, {
+                Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"})
+            if run.response is not None:
+                group.start_soon(self.publisher.waiting_state, run, StateName.ADMITTED, now, action.message)
+            group.start_soon(partial(self._history_now, run, AllocationAction.ADMITTED, (), view,
+                                     guaranteed_finish=action.guaranteed_finish))
+
+    async def guarantee_lost(self, run: ServiceRun) -> None:
+        """It carries on best-effort, and says so on its page; it is never dropped."""
+        text = ("its deadline can no longer be guaranteed on the cluster as it is now; it carries on best-effort "
+                "and keeps its place")
+        log.warning("flow run %s: %s", run.run_id, text)
+        self.store.upsert_job(run.run_id, share=None, message=text)
+        await self.publisher.labels(run.run_id, {Label.MSS: "best-effort", Label.GUARANTEE: "lost"})
+        self.publisher.event(run.run_id, EventName.GUARANTEE_LOST, {"message": text, "deadline": iso(run.deadline)})
+        self.tell(run, text, warning=True)
+
+    async def waiting(self, run: ServiceRun, placed: bool, now: float) -> None:
+        if run.response is None or run.shown_state == StateName.WAITING:
+            return
+        why = "waiting for its GPUs to be released" if placed else "waiting for spare GPUs"
+        self.store.upsert_job(run.run_id, message=why)  # what `elasticflow status` says of it
+        await self.publisher.waiting_state(run, StateName.WAITING, now, why)
+
+    async def allocation(self, run: ServiceRun, command: Command, view: RunView | None, nodes: list[str],
+                         margin_s: float, now: float) -> None:
+        """A launch, a resize, a park or a stop: a store row, its history, labels, an event, a line."""
+        action, gpus = command.kind, command.gpus
+        self.store.add(AllocationRecord(flow_run_id=run.run_id, action=action.value, gpus=gpus_label(gpus)))
+        if action == AllocationAction.STOP:
+            await self._history_now(run, action, (), view)
+            return
+        self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus))
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._history_now, run, action, gpus, view)
+            group.start_soon(self.publisher.labels, run.run_id, {
+                Label.GPUS: gpus_label(gpus), Label.WORLD_SIZE: len(gpus), Label.NODES: ",".join(nodes)})
+        self.publisher.event(run.run_id, EventName.ALLOCATION_CHANGED, {
+            "action": action.value, "gpus": list(gpus), "world_size": len(gpus), "nodes": nodes}, nodes=nodes)
+        finish = view.projected_finish if view is not None else None
+        self.tell(run, f"{VERBS.get(action, action.value)} {outlook_line(run.deadline, finish, now, margin_s, gpus, nodes)}")
+
+    async def released(self, run: ServiceRun, view: RunView | None) -> None:
+        """It acknowledged giving up every GPU (parked or stopped), still alive."""
+        self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASED.value, gpus=""))
+        self.store.upsert_job(run.run_id, gpus="")
+        await self._history_now(run, AllocationAction.RELEASED, (), view)
+
+    async def finished(self, run: ServiceRun, release: Release, now: float) -> None:
+        """Its process ended (or it left before it was launched): store first, then the rest."""
+        self.store.upsert_job(run.run_id, RunPhase.FINISHED, gpus="")
+        self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASE.value, gpus=""))
+        self.tell(run, outcome_line(run.deadline, release.iteration, release.iterations, now))
+        await self._history(run, AllocationAction.RELEASE, (), release.iteration, None)
+
+    def risk(self, run: ServiceRun, change: RiskChanged, view: RunView | None) -> None:
+        """Automations and the run's own page hear of a deadline at risk, and of its recovery."""
+        from scheduler_service.contracts import epoch_to_datetime
+
+        event = EventName.DEADLINE_AT_RISK if change.at_risk else EventName.DEADLINE_RECOVERED
+        finish, deadline = epoch_to_datetime(change.projected_finish), epoch_to_datetime(change.deadline)
+        self.publisher.event(run.run_id, event, {
+            "flow_run_name": run.name, "model": run.model, "projected_finish": iso(change.projected_finish),
+            "deadline": iso(change.deadline), "iterations_done": view.iteration if view else 0,
+            "iterations_total": run.iterations, "gpus": list(view.held) if view else [],
+            "mss": view.share if view else None,
+        })
+        word = "at-risk" if change.at_risk else "recovered"
+        log.warning("deadline %s: %s projected %s, due %s", word, run.name, finish, deadline)
+        if finish is not None and deadline is not None:
+            self.tell(run, f"deadline {word}: projected finish {finish:%H:%M:%S}, due {deadline:%H:%M:%S} UTC",
+                      warning=change.at_risk)
+
+    def gpus_lost(self, run: ServiceRun, gone: list[str]) -> None:
+        self.tell(run, f"its GPUs on {', '.join(gone) or 'a lost node'} are gone with the node; it goes on "
+                       "from its last checkpoint where the next plan puts it", warning=True)
+        self.publisher.event(run.run_id, EventName.NODES_LOST, {"nodes": gone}, nodes=gone)

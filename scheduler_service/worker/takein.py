@@ -1,0 +1,111 @@
+"""Take-in: the runs a poll finds, before the control loop decides them.
+
+A training run is validated as the flow will validate it (intake.py),
+registered, and handed to the loop with its throughput curve, or profiled
+first on its model's first use; one that cannot be scheduled is rejected at
+once, naming the field, and the poll goes on with the others. Runs of other
+flows in the pool (a pipeline) need no GPUs and start at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+
+from scheduler_service.contracts import Rejection, RejectionReason
+from scheduler_service.loop import ControlLoop
+from scheduler_service.loop.events import Ended
+from scheduler_service.worker import intake
+from scheduler_service.worker.profiling import Profiler
+from scheduler_service.worker.registry import RunRegistry
+from scheduler_service.worker.reporting import Reporter
+from scheduler_service.worker.settings import WorkerSettings
+
+log = logging.getLogger("prefect.workers.elasticflow")  # the worker's own lines
+
+TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at once, with no GPUs
+
+
+class TakeIn:
+    def __init__(self, client: Any, settings: WorkerSettings, registry: RunRegistry, loop: ControlLoop,
+                 profiler: Profiler, reporter: Reporter) -> None:
+        self.client = client
+        self.settings = settings
+        self.registry = registry
+        self.loop = loop
+        self.profiler = profiler
+        self.reporter = reporter
+        self.flow_names: dict[Any, str] = {}  # flow id -> name (a handful of flows)
+
+    async def take(self, responses: list[Any], now: float) -> tuple[int, list[Any]]:
+        """How many new training runs it took in, and the other runs to launch at once."""
+        at_once, took_in = [], 0
+        for entry in responses:
+            run_id = str(entry.flow_run.id)
+            known = self.registry.get(run_id)
+            if known is not None:
+                known.polled(entry)
+                continue
+            start = entry.flow_run.next_scheduled_start_time or entry.flow_run.expected_start_time
+            if self.registry.seen(run_id) or (start is not None and start.timestamp() > now):
+                continue
+            if await self._flow_name(entry.flow_run) != TRAIN_FLOW:
+                log.info("launching flow run %s (%s): not a training run, it needs no GPUs", run_id,
+                         entry.flow_run.name)
+                self.registry.recent.add(run_id)
+                at_once.append(entry)
+                continue
+            await self._one(entry, now)
+            took_in += 1
+        return took_in, at_once
+
+    async def _one(self, entry: Any, now: float) -> None:
+        """Take in one run; whatever goes wrong is that run's: rejected, and the poll goes on."""
+        flow_run = entry.flow_run
+        try:
+            await self._take_in(entry, now)
+        except Exception as exc:
+            log.exception("could not take in flow run %s", flow_run.id)
+            await self.reject(flow_run, f"{type(exc).__name__}: {exc}", now)
+
+    async def _take_in(self, entry: Any, now: float) -> None:
+        from scheduler_service.store import get_curve
+
+        flow_run = entry.flow_run
+        try:
+            request = await anyio.to_thread.run_sync(intake.read_request, flow_run.parameters, now)
+            await anyio.to_thread.run_sync(intake.confine, request, self.settings.roots, self.settings.schemes)
+        except intake.InvalidRun as exc:
+            await self.reject(flow_run, str(exc), now)
+            return
+        run = intake.new_run(str(flow_run.id), flow_run.name, request, str(self.settings.home / "control"), now,
+                             flow_run=flow_run, response=entry)
+        self.registry.add(run)
+        self.reporter.taken_in(run, request.batch_size)
+        points = await anyio.to_thread.run_sync(get_curve, request.model, request.batch_size)
+        if points:
+            self.loop.handle(intake.arrival(run, points, self.loop.topology.max_job_gpus, now), now)
+            return
+        self.profiler.wait_for(run)
+        await self.reporter.profiling(run, now)
+
+    async def reject(self, flow_run: Any, why: str, now: float) -> None:
+        """Its parameters cannot be scheduled: rejected, naming the field, and forgotten."""
+        run_id = str(flow_run.id)
+        self.registry.forget(run_id)
+        self.profiler.forget(run_id)
+        self.loop.handle(Ended(run_id), now)  # if it was handed over already, it is no longer the loop's
+        await self.reporter.rejected(run_id, flow_run, Rejection.of(RejectionReason.INVALID_PARAMETERS, why, None))
+
+    async def _flow_name(self, flow_run: Any) -> str:
+        """Only `train` runs are scheduled; a pipeline deployed to the same pool runs at once."""
+        if flow_run.flow_id not in self.flow_names:
+            try:
+                self.flow_names[flow_run.flow_id] = (await self.client.read_flow(flow_run.flow_id)).name
+            except Exception:
+                log.warning("could not read the flow of run %s; scheduling it as training", flow_run.id,
+                            exc_info=True)
+                return TRAIN_FLOW
+        return self.flow_names[flow_run.flow_id]

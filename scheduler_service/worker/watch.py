@@ -1,0 +1,146 @@
+"""Runs that end or leave without the worker seeing their process exit, as
+Prefect tells it: runs not launched yet that left the queue, runs under
+processes an earlier worker launched (adopted ones are not the worker's
+children, so their end is read from Prefect), and running runs left
+`Cancelling` that Prefect's own worker does not stop. The steps that stop
+those are the execution backend's (`cancellation.py`); what to do with the
+run is the control loop's: this module only says which runs, and settles
+their Prefect state.
+
+`settle` ends a run still `Cancelling` whose process is gone or never
+started, or one whose process was stopped for a cancellation (its engine then
+reports `Crashed`): `Cancelled`, with the canceller's message. Without it
+such runs stayed `Cancelling` for ever: an engine refuses a run already
+`Cancelling` and exits without ending it, and Prefect's worker settles that
+only with `enable_cancellation`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+from uuid import UUID
+
+from prefect.states import Cancelled
+
+from scheduler_service.worker.backend import ExecutionBackend
+
+log = logging.getLogger("prefect.workers.elasticflow.stopping")  # shown with the worker's own lines
+
+
+class PrefectWatch:
+    def __init__(self, client: Any, backend: ExecutionBackend) -> None:
+        self.client = client
+        self.backend = backend
+
+    async def settle(self, flow_run_id: Any, when: str) -> bool:
+        """End a cancelled run whose process is gone `Cancelled`; True if it did."""
+        stop = self.backend.forget(str(flow_run_id))
+        try:
+            state = (await self.client.read_flow_run(flow_run_id)).state
+            stopped_by_us = (stop is not None and stop.terminated is not None and state is not None
+                             and state.is_crashed())
+            if state is None or not (state.is_cancelling() or stopped_by_us):
+                return False
+            message = stop.message if stop is not None else (state.message or "cancelled")
+            await self.client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=stopped_by_us)
+        except Exception:
+            log.warning("could not settle the cancellation of flow run %s", flow_run_id, exc_info=True)
+            return False
+        log.info("flow run %s was cancelled %s; marked Cancelled", flow_run_id, when)
+        return True
+
+    async def vanished(self, waiting: Iterable[str], scheduled: set[str]) -> list[str]:
+        """Runs not started yet that left the Scheduled state without us
+        (cancelled or deleted in the UI): they give back their place."""
+        from prefect.exceptions import ObjectNotFound
+
+        gone = []
+        for run_id in [r for r in waiting if r not in scheduled]:
+            try:
+                flow_run = await self.client.read_flow_run(UUID(run_id))
+            except ObjectNotFound:
+                flow_run = None
+            except Exception:
+                continue
+            if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
+                log.info("flow run %s left the queue before it got GPUs; forgetting it", run_id)
+                gone.append(run_id)
+        return gone
+
+    async def ended(self, foreign: Iterable[str]) -> list[str]:
+        """Runs under processes an earlier worker launched that Prefect says have ended."""
+        from prefect.exceptions import ObjectNotFound
+
+        done = []
+        for run_id in foreign:
+            try:
+                flow_run = await self.client.read_flow_run(UUID(run_id))
+                final = flow_run is None or flow_run.state is None or flow_run.state.is_final()
+            except ObjectNotFound:
+                final = True
+            except Exception:
+                log.warning("could not read flow run %s", run_id, exc_info=True)
+                continue
+            if final:
+                done.append(run_id)
+        return done
+
+    async def cancelling(self, running: dict[str, bool], now: float) -> tuple[list[str], list[str]]:
+        """Running runs left `Cancelling` (adopted ones, or cancelled as they
+        launched: see cancellation.py), by id -> whether an earlier worker
+        launched it: the runs to tell to stop now, and the adopted ones whose
+        process is gone (to be ended). Signals are the backend's to send."""
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        if not running:
+            return [], []
+        try:
+            flow_runs = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[UUID(r) for r in running]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))))
+        except Exception:
+            log.warning("could not read which runs are cancelling", exc_info=True)
+            return [], []
+        stop, gone = [], []
+        for flow_run in flow_runs:
+            run_id = str(flow_run.id)
+            if run_id not in running:  # ended while we read
+                continue
+            message = flow_run.state.message if flow_run.state is not None else None
+            try:
+                step = self.backend.stop_step(run_id, flow_run.infrastructure_pid, message, now, running[run_id])
+            except Exception:  # one run's trouble must not stop the poll
+                log.exception("could not stop cancelled flow run %s", run_id)
+                continue
+            if step == "stop":
+                log.info("flow run %s is Cancelling and Prefect's worker does not stop it: told it to stop", run_id)
+                stop.append(run_id)
+            elif step in ("terminated", "killed"):
+                log.warning("flow run %s is Cancelling and did not stop when told: %s its process", run_id, step)
+            elif step == "gone" and running[run_id]:
+                gone.append(run_id)
+        return stop, gone
+
+    async def still_to_launch(self, flow_run: Any) -> bool:
+        """False for a run cancelled (or ended by hand) since we made it Pending:
+        Prefect's launcher goes by the state it polled. A `Cancelling` one is
+        ended `Cancelled` here, as nothing else would end it."""
+        try:
+            state = (await self.client.read_flow_run(flow_run.id)).state
+        except Exception:
+            log.warning("could not read flow run %s before its launch; launching it", flow_run.id, exc_info=True)
+            return True
+        if state is not None and state.is_cancelling():
+            return not await self.settle(flow_run.id, "before its process started")
+        if state is not None and state.is_final():
+            log.info("flow run %s is %s since it was made Pending; not launched", flow_run.id, state.name)
+            return False
+        return True

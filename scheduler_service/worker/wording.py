@@ -1,0 +1,52 @@
+"""The lines a person reads about a run in its own Prefect logs: where it
+runs and how it stands against its deadline, and how it ended."""
+
+from __future__ import annotations
+
+from scheduler_service.contracts import epoch_to_datetime
+
+
+def iso(seconds: float | None) -> str | None:
+    """ISO-8601 of epoch seconds (None past any date)."""
+    moment = epoch_to_datetime(seconds)
+    return None if moment is None else moment.isoformat()
+
+
+def gpus_label(gpus: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, gpus))
+
+
+def clock(seconds: float | None) -> str:
+    return (iso(seconds) or "beyond any date")[:19].replace("T", " ") + " UTC"
+
+
+def span(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def outlook_line(deadline: float | None, finish: float | None, now: float, margin_s: float,
+                 gpus: tuple[int, ...], nodes: list[str]) -> str:
+    """Where the run stands, in one line: GPUs and nodes, projected finish against the deadline."""
+    where = f"on {len(gpus)} GPU{'s' if len(gpus) != 1 else ''} {gpus_label(gpus)} ({', '.join(nodes)})" \
+        if gpus else "holding no GPUs"
+    if deadline is None:
+        return f"{where}; best-effort" + (f", projected finish {clock(finish)}" if finish else "")
+    if finish is None:
+        return f"{where}; deadline {clock(deadline)}"
+    spare = deadline - finish
+    verdict = ("late" if spare < 0 or now > deadline else "at risk" if spare < margin_s else "on track")
+    return (f"{where}; projected finish {clock(finish)}, deadline {clock(deadline)}: {verdict} "
+            f"({span(abs(spare))} {'to spare' if spare >= 0 else 'late'})")
+
+
+def outcome_line(deadline: float | None, iteration: int, iterations: float, now: float) -> str:
+    """How the run ended against its deadline, as its GPUs are released."""
+    if iteration < iterations:
+        return f"ended after {iteration}/{iterations:.0f} iterations (stopped); its GPUs are free"
+    if deadline is None:
+        return f"finished at {clock(now)} (best-effort); its GPUs are free"
+    spare = deadline - now
+    return (f"finished at {clock(now)}: deadline {'met' if spare >= 0 else 'missed'} "
+            f"({span(abs(spare))} {'to spare' if spare >= 0 else 'late'}); its GPUs are free")

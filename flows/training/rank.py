@@ -211,11 +211,13 @@ class Worker:
         while self.iteration < min(spec.stop_at, spec.total_iterations):
             local = self.step()
             # [summed loss, stop votes, terminate votes]: one collective per iteration.
+            # The stop is read first: a SIGTERM landing between the two reads
+            # then counts as a termination (read the other way round, it
+            # passed for a plain stop, and a preempted run ended "stopped").
+            stop = self.stop_requested()
             terminate = _terminated or _orphaned()
-            flags = torch.tensor(
-                [local, float(self.stop_requested() or terminate), float(terminate)],
-                dtype=torch.float64, device=self.device,
-            )
+            flags = torch.tensor([local, float(stop or terminate), float(terminate)], dtype=torch.float64,
+                                 device=self.device)
             dist.all_reduce(flags)
             flags = flags.cpu()
             loss = float(flags[0]) / spec.hyperparameters.global_batch_size

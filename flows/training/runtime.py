@@ -49,7 +49,7 @@ class RescaleRecord(BaseModel):
 
 class TrainResult(BaseModel):
     run_key: str
-    status: Literal["completed", "stopped", "preempted"]
+    status: Status
     iterations: int
     total_iterations: int
     losses: list[float] = Field(description="global mean loss at every iteration since the run began")

@@ -53,10 +53,6 @@ def resize_runs(tmp: Path, ray_address: str | None, runs: int) -> tuple[list[flo
     from flows.training.params import TrainParameters
     from flows.training.runtime import run_training
 
-    if ray_address:
-        os.environ["ELASTICFLOW_RAY_ADDRESS"] = ray_address
-    else:
-        os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
     seconds, phases = [], []
     for i in range(runs):
         root = tmp / f"{'ray' if ray_address else 'local'}-{i}"
@@ -64,12 +60,11 @@ def resize_runs(tmp: Path, ray_address: str | None, runs: int) -> tuple[list[flo
             model="mlp", hyperparameters={"global_batch_size": 32, "max_micro_batch": 8, "learning_rate": 0.01},
             iterations=450, checkpoint_interval=1000, checkpoint_store=str(root / "ck"),
             control_dir=str(root / "ctl"), device="cpu", gpu_plan=[[0, 1], [0, 1, 2, 3], [0, 1]],
-            switch_at=[150, 300])
+            switch_at=[150, 300], ray_address=ray_address)
         result = run_training(params, f"bench-{i}")
         seconds += [r.seconds for r in result.rescales if r.seconds is not None]
         t = result.segments[0].timings.model_dump()
         phases.append({name: t[b] - t[a] for name, a, b in PHASES if t.get(a) and t.get(b)})
-    os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
     return seconds, phases
 
 

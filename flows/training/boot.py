@@ -12,18 +12,20 @@
    Prefect, the flow and torch already imported, and this process only relays:
    signals to it, its exit status back to Prefect.
 3. Cold start otherwise (no server, or it refused): the run's standby DDP
-   workers (`ELASTICFLOW_WORLD_SIZE`, set by the worker when it places the run)
-   start before anything else, so that their imports (torch, ~4 s of CPU each)
-   overlap the engine's; then `prefect.engine` runs as `__main__` in this same
-   process, so the PID Prefect knows is the engine's. A wrong worker count costs
-   a cold start, never correctness; unused standbys exit with the flow process.
+   workers (the `standby` of its `LaunchSpec`, set by the worker's backend
+   when it places the run) start before anything else, so that their imports
+   (torch, ~4 s of CPU each) overlap the engine's; then `prefect.engine` runs
+   as `__main__` in this same process, so the PID Prefect knows is the
+   engine's. A wrong worker count costs a cold start, never correctness;
+   unused standbys exit with the flow process.
 
 4. Least privilege: files it and its ranks create are private (umask 077),
    and its process group is recorded under `$ELASTICFLOW_HOME/run/groups/`
    so that stopping the stack signals this group and never a bystander
    (`scheduler_service.stack.groups`, which reads what `record_group` writes).
 
-Only the standard library is imported before the engine starts.
+Only the standard library, and pydantic to read the `LaunchSpec` (0.1 s),
+are imported before the engine starts.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import sys
 import time
 from pathlib import Path
 
-WORLD_SIZE_ENV = "ELASTICFLOW_WORLD_SIZE"
 FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
 WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
@@ -75,18 +76,13 @@ def record_group(home: Path | str | None, pgid: int, what: str) -> None:
         pass
 
 
-def _world_size() -> int:
-    try:
-        return max(0, int(os.environ.get(WORLD_SIZE_ENV) or 0))
-    except ValueError:
-        return 0
-
-
 def run_engine(fork_standbys: bool = False, client_pid: int | None = None) -> int:
     """Start the run's DDP workers, then run Prefect's engine here. Forked
     workers need torch imported and no thread started yet (a fork server's
     child, which also watches its `client_pid`, the boot process)."""
-    world = _world_size()
+    from flows.training.launch import standby_of
+
+    world = standby_of(dict(os.environ))
     if world > 0:
         from flows.training.standby import POOL
 

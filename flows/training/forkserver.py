@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows.training.boot import PRIVATE_UMASK, record_group
+from flows.training.launch import standby_of
 from flows.training.standby import is_secret
 
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
@@ -205,7 +206,7 @@ class ForkServer:
         sel.register(conn, selectors.EVENT_READ, pid)
         self._answer(conn, {"pid": pid})
         print(f"forked flow process pid={pid} flow_run={env.get('PREFECT__FLOW_RUN_ID', '?')} "
-              f"world_size={env.get('ELASTICFLOW_WORLD_SIZE', '0')}", flush=True)
+              f"standby={standby_of(env)}", flush=True)
         return None
 
     @staticmethod

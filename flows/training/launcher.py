@@ -19,40 +19,41 @@ segment reports `crashed`: the flow then relaunches from the last checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
-from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings
+from flows.training.orders import RankOrder, Seat, StandbyOrder, free_port, rank_orders
+from flows.training.segment import SegmentResult, SegmentSpec
 from flows.training.standby import POOL, WorkerPool
+from flows.training.supervision import (
+    HANDOVER_S,
+    ProgressCallback,
+    RankFailure,
+    crash_result,
+    crashed,
+    exit_failure,
+    read_progress,
+)
 
-__all__ = ["POOL", "ProgressCallback", "Segment", "WorkerPool", "free_port", "prune_segment_dirs", "run_segment"]
+__all__ = ["POOL", "Segment", "WorkerPool", "local_seats", "prune_segment_dirs", "run_segment"]
 
 log = logging.getLogger("elasticflow.launcher")
-HANDOVER_S = 90.0  # launch -> every rank has opened its log (started its segment); else the segment failed
-
-ProgressCallback = Callable[[int, float, float], None]  # (iteration, loss, wall time)
-
 
 # The address the ranks of a job listen on, and its interface: this launcher
-# starts every rank on this machine, so loopback. Ranks spread over nodes would
-# bind the address of their node's interface for the job instead; never all.
+# starts every rank on this machine, so loopback. Ranks spread over nodes bind
+# the address of their node's interface for the job instead; never all.
 JOB_ADDR, JOB_IFNAME = "127.0.0.1", "lo"
 
 
-def free_port() -> int:
-    """A TCP port on the job's address free right now, for the rendezvous store."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((JOB_ADDR, 0))
-        return int(sock.getsockname()[1])
+def local_seats(gpus: list[int]) -> list[Seat]:
+    """Every rank on this machine, on loopback, GPU id = device index."""
+    return [Seat(node="localhost", interface=JOB_IFNAME, device_index=gpu) for gpu in gpus]
 
 
 class Segment:
@@ -70,37 +71,28 @@ class Segment:
         with open(self.dir / "spec.json", "w", opener=lambda name, flags: os.open(name, flags, 0o600)) as fh:
             fh.write(spec.model_dump_json())
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.orders: list[RankOrder] = []
         self.pool = pool or POOL
         self.launch_t = 0.0
         self._progress_offset = 0
 
     def start(self) -> None:
-        port = free_port()
+        port = free_port(JOB_ADDR)
         self.launch_t = time.time()
-        world = len(self.gpus)
-        self.procs = self.pool.take(world)
-        for rank, proc in enumerate(self.procs):
-            env = dict(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(world),
-                MASTER_ADDR=JOB_ADDR,
-                MASTER_PORT=str(port),
-                GLOO_SOCKET_IFNAME=JOB_IFNAME,  # the collectives' sockets: there too, not the host's address
-                NCCL_SOCKET_IFNAME=JOB_IFNAME,
-                ELASTICFLOW_LAUNCH_T=repr(self.launch_t),
-                ELASTICFLOW_GPUS=",".join(map(str, self.gpus)),
-                # One device per worker: the worker always uses cuda:0 of what it sees.
-                CUDA_VISIBLE_DEVICES=str(self.gpus[rank]) if self.spec.device == "cuda" else "",
-            )
-            order = {"segment_dir": str(self.dir), "env": env, "log": str(self.dir / f"rank{rank}.log")}
+        self.orders = rank_orders(local_seats(self.gpus), JOB_ADDR, port, self.spec.device, self.launch_t, self.gpus)
+        self.procs = self.pool.take(len(self.gpus))
+        for order, proc in zip(self.orders, self.procs):
+            line = StandbyOrder(segment_dir=str(self.dir), log=str(self._log(order.rank)), order=order)
             assert proc.stdin is not None
             try:
-                proc.stdin.write(json.dumps(order).encode() + b"\n")
+                proc.stdin.write(line.model_dump_json().encode() + b"\n")
                 proc.stdin.close()
             except BrokenPipeError:  # it died while waiting; supervision reports the crash
-                log.warning("worker rank=%d exited before its segment was handed over", rank)
+                log.warning("worker rank=%d exited before its segment was handed over", order.rank)
         log.info("segment started run_key=%s gpus=%s port=%d dir=%s", self.spec.run_key, self.gpus, port, self.dir)
+
+    def _log(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.log"
 
     @property
     def pids(self) -> list[int]:
@@ -122,20 +114,14 @@ class Segment:
                 proc.kill()
                 proc.wait()
 
-    def poll_progress(self) -> list[dict[str, float]]:
-        """New lines rank 0 wrote to progress.jsonl since the last poll."""
-        path = self.dir / "progress.jsonl"
-        if not path.exists():
-            return []
-        with open(path, "rb") as fh:
-            fh.seek(self._progress_offset)
-            data = fh.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._progress_offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+    def _forward_progress(self, on_progress: ProgressCallback | None) -> None:
+        lines, self._progress_offset = read_progress(self.dir, self._progress_offset)
+        for line in lines:
+            if on_progress:
+                on_progress(*line)
 
     def _log_tail(self, rank: int, chars: int = 2000) -> str:
-        path = self.dir / f"rank{rank}.log"
+        path = self._log(rank)
         if path.exists():
             return path.read_text(errors="replace")[-chars:]
         early = getattr(self.procs[rank], "standby_log", None) if rank < len(self.procs) else None
@@ -143,17 +129,21 @@ class Segment:
             return "(before taking its segment) " + Path(early).read_text(errors="replace")[-chars:]
         return ""
 
-    def _not_taken(self, codes: list[int | None]) -> list[tuple[int, int | None]]:
-        """Ranks that never took their segment (no log of theirs): gone without
-        it, or still without it HANDOVER_S after the launch. A standby that
-        never starts its segment would otherwise hold the others in their
-        rendezvous until its timeout."""
+    def _failures(self, codes: list[int | None]) -> list[RankFailure]:
+        """Ranks that failed: exited with an error, or never took their segment
+        (no log of theirs): gone without it, or still without it HANDOVER_S
+        after the launch. A standby that never starts its segment would
+        otherwise hold the others in their rendezvous until its timeout."""
         late = time.time() > self.launch_t + HANDOVER_S
-        return [(r, c) for r, c in enumerate(codes)
-                if (c is not None or late) and not (self.dir / f"rank{r}.log").exists()]
+        failed = []
+        for rank, code in enumerate(codes):
+            took = self._log(rank).exists()
+            if (code not in (None, 0) and took) or ((code is not None or late) and not took):
+                failed.append(exit_failure(rank, code, took))
+        return failed
 
     def wait(
-        self, on_progress: ProgressCallback | None = None, poll_s: float = 0.05, timeout_s: float | None = None
+        self, on_progress: ProgressCallback | None = None, timeout_s: float | None = None, poll_s: float = 0.05
     ) -> SegmentResult:
         try:
             return self._wait(on_progress, poll_s, timeout_s)
@@ -178,46 +168,22 @@ class Segment:
                 self.kill(grace_s=2.0)
                 logs = " | ".join(f"rank {r}: {self._log_tail(r, 600)}" for r in range(len(self.procs)))
                 log.warning("segment timed out run_key=%s after=%.0fs dir=%s", self.spec.run_key, timeout_s, self.dir)
-                return SegmentResult(
-                    gpus=self.gpus, start_iteration=-1, end_iteration=-1, reason="crashed",
-                    timings=SegmentTimings(launch_t=self.launch_t, end_t=time.time()),
-                    error=f"did not finish in {timeout_s:.0f} s (exit codes {codes}): {logs}",
-                )
-            for line in self.poll_progress():
-                if on_progress:
-                    on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)] or self._not_taken(codes)
+                return crashed(self.gpus, self.launch_t,
+                               f"did not finish in {timeout_s:.0f} s (exit codes {codes}): {logs}")
+            self._forward_progress(on_progress)
+            failed = self._failures(codes)
             if failed:
                 # Survivors are stuck in a collective with a dead peer: no point
                 # in a graceful stop, the last checkpoint is what we resume from.
                 self.kill(grace_s=0.0)
-                # A rank killed by a signal is the likely cause; the others then
-                # fail in a collective, some aborting themselves (SIGABRT from a
-                # C++ terminate in gloo, seen as soon as a peer's socket closes):
-                # that is a casualty, not a cause. Report the cause's log, and every exit code.
-                rank, code = min(failed, key=lambda rc: (rc[1] is None or rc[1] >= 0,
-                                                         rc[1] == -signal.SIGABRT, rc[0]))
-                codes_text = ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes))
-                what = (f"exited with {code}" if (self.dir / f"rank{rank}.log").exists()
-                        else f"never took its segment (exit code {code})")
-                error = f"worker rank {rank} {what} ({codes_text}): {self._log_tail(rank)}"
-                log.warning(
-                    "segment crashed run_key=%s rank=%d code=%s dir=%s", self.spec.run_key, rank, code, self.dir
-                )
-                return SegmentResult(
-                    gpus=self.gpus,
-                    start_iteration=-1,
-                    end_iteration=-1,
-                    reason="crashed",
-                    timings=SegmentTimings(launch_t=self.launch_t, end_t=time.time()),
-                    error=error,
-                )
+                result, cause = crash_result(self.gpus, self.launch_t, failed, lambda f: self._log_tail(f.rank))
+                log.warning("segment crashed run_key=%s rank=%d how=%s (%s) dir=%s", self.spec.run_key, cause.rank,
+                            cause.how.value, cause.detail, self.dir)
+                return result
             if all(c == 0 for c in codes):
                 break
             time.sleep(poll_s)
-        for line in self.poll_progress():
-            if on_progress:
-                on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
+        self._forward_progress(on_progress)
         result = SegmentResult.model_validate_json((self.dir / "result.json").read_text())
         result.gpus = self.gpus
         return result

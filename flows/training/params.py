@@ -80,6 +80,8 @@ class TrainParameters(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_restarts: int = Field(default=3, ge=0, le=100, description="relaunches after a crashed segment")
     run_key: str | None = Field(default=None, description="checkpoint/control key; defaults to the flow run id")
+    ray_address: str | None = Field(default=None, description="the Ray cluster whose nodes run the ranks (set by "
+                                    "the scheduler's launch, `LaunchSpec`); None: processes on this machine")
 
     @field_validator("model")
     @classmethod

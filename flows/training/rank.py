@@ -1,7 +1,10 @@
 """One DDP worker process: restore, train until told or done, checkpoint, exit.
 
-Run as `python -m flows.training.rank SEGMENT_DIR` with RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT set by the launcher. Rank 0 polls the control channel; any rank
+Started as a standby (`python -m flows.training.rank --standby [EARLY_LOG]`,
+see `flows.training.standby`): it imports torch, then reads its order on
+stdin (`orders.StandbyOrder`: the segment's folder, its log, its rank's
+`RankOrder`). A Ray rank actor runs the same `Worker` with its order.
+Rank 0 polls the control channel; any rank
 that gets SIGTERM asks to stop. Both are folded into one all-reduce per
 iteration, together with the loss, so every rank stops at the same boundary.
 
@@ -13,7 +16,6 @@ however many workers there are (see `sampler`).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -34,8 +36,10 @@ from elasticflow_block.storage import CheckpointStorage
 from flows.training.control import FileControlChannel
 from flows.training.datasets import load_dataset
 from flows.training.models import build_model, per_sample_loss
+from flows.training.orders import RankOrder, StandbyOrder
 from flows.training.sampler import batch_indices, micro_batches, shard_bounds
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
+from flows.training.supervision import PROGRESS_FILE, ProgressLine
 
 log = logging.getLogger("elasticflow.worker")
 
@@ -97,11 +101,10 @@ def rendezvous_store(addr: str, port: int, rank: int, world: int, timeout: timed
 class Worker:
     """State of one rank for one segment."""
 
-    def __init__(self, spec: SegmentSpec, segment_dir: Path, rank: int, world_size: int) -> None:
-        self.spec, self.dir, self.rank, self.world = spec, segment_dir, rank, world_size
-        self.timings = SegmentTimings(
-            launch_t=float(os.environ.get("ELASTICFLOW_LAUNCH_T", time.time())), imported_t=time.time()
-        )
+    def __init__(self, spec: SegmentSpec, segment_dir: Path, order: RankOrder) -> None:
+        self.spec, self.dir, self.order = spec, segment_dir, order
+        self.rank, self.world = order.rank, order.world_size
+        self.timings = SegmentTimings(launch_t=order.launch_t, imported_t=time.time())
         self.storage = CheckpointStorage(spec.checkpoint_url, keep=spec.keep_checkpoints)
         self.control = FileControlChannel(spec.run_key, spec.control_dir) if spec.control_dir else None
         self.device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
@@ -116,8 +119,7 @@ class Worker:
             torch.set_num_threads(1)
             backend = "gloo"
         timeout = timedelta(seconds=self.spec.init_timeout_s)
-        store = rendezvous_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank, self.world,
-                                 timeout)
+        store = rendezvous_store(self.order.master_addr, self.order.master_port, self.rank, self.world, timeout)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
         self.timings.rendezvous_t = time.time()
         self.data = load_dataset(self.spec.dataset)
@@ -205,17 +207,19 @@ class Worker:
 
     def train(self) -> StopReason:
         spec = self.spec
-        progress = open(self.dir / "progress.jsonl", "a") if self.rank == 0 else None
+        progress = open(self.dir / PROGRESS_FILE, "a") if self.rank == 0 else None
         self.last_checkpoint = self.iteration
         reason: StopReason = "completed" if self.iteration >= spec.total_iterations else "target"
         while self.iteration < min(spec.stop_at, spec.total_iterations):
             local = self.step()
             # [summed loss, stop votes, terminate votes]: one collective per iteration.
+            # The stop is read first: a SIGTERM landing between the two reads
+            # then counts as a termination (read the other way round, it
+            # passed for a plain stop, and a preempted run ended "stopped").
+            stop = self.stop_requested()
             terminate = _terminated or _orphaned()
-            flags = torch.tensor(
-                [local, float(self.stop_requested() or terminate), float(terminate)],
-                dtype=torch.float64, device=self.device,
-            )
+            flags = torch.tensor([local, float(stop or terminate), float(terminate)], dtype=torch.float64,
+                                 device=self.device)
             dist.all_reduce(flags)
             flags = flags.cpu()
             loss = float(flags[0]) / spec.hyperparameters.global_batch_size
@@ -228,7 +232,7 @@ class Worker:
             if len(self.timings.iteration_end_t) > 512:  # bounded: enough for rates, small result files
                 del self.timings.iteration_end_t[min(self.timings.iteration_end_t)]
             if progress:
-                progress.write(json.dumps({"iteration": self.iteration, "loss": loss, "t": now}) + "\n")
+                progress.write(ProgressLine(self.iteration, loss, now).json() + "\n")
                 progress.flush()
             if self.iteration % spec.checkpoint_interval == 0:
                 self.checkpoint()
@@ -248,9 +252,8 @@ class Worker:
         if self.rank != 0:
             return
         self.timings.end_t = time.time()
-        gpus = [int(g) for g in os.environ.get("ELASTICFLOW_GPUS", "").split(",") if g]
         result = SegmentResult(
-            gpus=gpus,
+            gpus=self.order.gpus,
             start_iteration=start_iteration,
             end_iteration=self.iteration,
             reason=reason,
@@ -264,15 +267,15 @@ class Worker:
         os.replace(tmp, self.dir / "result.json")
 
 
-def main(segment_dir: str) -> NoReturn:
+def main(order: StandbyOrder) -> NoReturn:
     signal.signal(signal.SIGTERM, _on_sigterm)
     os.umask(0o077)  # checkpoints, logs, progress: private, whoever started this rank
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = order.order.rank
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
                         force=True)  # a worker forked from a flow process inherits its handlers
-    folder = Path(segment_dir)
+    folder = Path(order.segment_dir)
     spec = SegmentSpec.model_validate_json((folder / "spec.json").read_text())
-    worker = Worker(spec, folder, rank, world)
+    worker = Worker(spec, folder, order.order)
     worker.setup()
     worker.restore()
     start_iteration = worker.iteration
@@ -286,42 +289,43 @@ def main(segment_dir: str) -> NoReturn:
     _exit(0)
 
 
-def standby() -> int:
+def standby(early_log: str | None = None) -> int:
     """Wait, with torch already imported, for the launcher to hand over a segment.
 
-    The launcher writes one JSON line on stdin: the segment folder, the
-    environment a fresh worker would have been started with (rank, rendezvous
-    port, CUDA_VISIBLE_DEVICES: applied before anything touches CUDA) and the log
-    file. EOF means the launcher is gone: exit quietly.
+    The launcher writes one JSON line on stdin, a `StandbyOrder`: the segment
+    folder, the log file, and the rank's order, whose environment (rank,
+    rendezvous, CUDA_VISIBLE_DEVICES) is applied before anything touches
+    CUDA. EOF means the launcher is gone: exit quietly. `early_log` holds
+    what this process said before it had a segment (for a crash report); it
+    is removed once the segment's own log takes over.
     """
     import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
 
     line = sys.stdin.readline()
-    early_log = os.environ.pop("ELASTICFLOW_STANDBY_LOG", None)  # see flows.training.standby
     if not line.strip():
         if early_log:
             with contextlib.suppress(OSError):
                 os.unlink(early_log)
         return 0
-    order = json.loads(line)
-    os.environ.update(order["env"])
-    fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    order = StandbyOrder.model_validate_json(line)
+    os.environ.update(order.order.env())
+    fd = os.open(order.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
     if early_log:
         with contextlib.suppress(OSError):
             os.unlink(early_log)
-    return main(order["segment_dir"])
+    return main(order)
 
 
-def run_standby(forked: bool = False) -> None:
+def run_standby(forked: bool = False, early_log: str | None = None) -> None:
     """Be a standby until handed a segment, run it, exit. `forked`: this process
     was forked from its launcher (`WorkerPool.fork`), which is now its parent."""
     global _parent_pid
     if forked:
         _parent_pid = os.getppid()
-    _exit(standby())
+    _exit(standby(early_log))
 
 
 def _exit(code: int) -> NoReturn:
@@ -334,6 +338,6 @@ def _exit(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--standby":
-        run_standby()
-    _exit(main(sys.argv[1]))
+    if sys.argv[1:2] != ["--standby"]:
+        sys.exit("usage: python -m flows.training.rank --standby [EARLY_LOG] (started by flows.training.standby)")
+    run_standby(early_log=sys.argv[2] if len(sys.argv) > 2 else None)

@@ -11,7 +11,6 @@ its own on its node (0700; spec, progress, log). Threaded, so that
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import socket
@@ -27,7 +26,9 @@ loopback_before_import()
 
 import ray  # noqa: E402
 
+from flows.training.orders import RankOrder, free_port  # noqa: E402
 from flows.training.segment import SegmentSpec  # noqa: E402
+from flows.training.supervision import ProgressLine, read_progress  # noqa: E402
 
 
 class PlacementError(RuntimeError):
@@ -66,30 +67,29 @@ class RankActor:
                 "host": socket.gethostname(), "interface": interface_of(ip)}
 
     def free_port(self, ip: str) -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((ip, 0))
-            return int(sock.getsockname()[1])
+        """A port for the rendezvous, free on this node's address."""
+        return free_port(ip)
 
-    def run(self, spec_json: str, env: dict[str, str]) -> str:
-        """Train the segment as rank `RANK`; rank 0 returns the result."""
+    def run(self, spec_json: str, order: RankOrder) -> str:
+        """Train the segment as the order's rank; rank 0 returns the result."""
         import torch
 
         from flows.training import rank as rank_mod
 
-        os.environ.update(env)
+        os.environ.update(order.env())
         rank_mod._parent_pid = None  # its parent is its node's raylet; Ray ends it with its owner, the flow process
         self.dir = Path(tempfile.mkdtemp(prefix="elasticflow-rank-"))
         handler = logging.FileHandler(self.dir / "rank.log")
-        handler.setFormatter(logging.Formatter(f"%(asctime)s rank={env['RANK']} %(name)s %(levelname)s %(message)s"))
+        handler.setFormatter(logging.Formatter(f"%(asctime)s rank={order.rank} %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(handler)
         logging.getLogger().setLevel(logging.INFO)
         spec = SegmentSpec.model_validate_json(spec_json)
         if spec.device == "cuda" and torch.cuda.device_count() != 1:
-            raise PlacementError(f"rank {env['RANK']} sees {torch.cuda.device_count()} CUDA devices, not GPU "
-                                 f"{env['CUDA_VISIBLE_DEVICES']} alone")
+            raise PlacementError(f"rank {order.rank} sees {torch.cuda.device_count()} CUDA devices, not GPU "
+                                 f"{order.device_index} alone")
         (self.dir / "spec.json").write_text(spec_json)
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        worker = rank_mod.Worker(spec, self.dir, rank, world)
+        rank = order.rank
+        worker = rank_mod.Worker(spec, self.dir, order)
         worker.setup()
         worker.restore()
         start = worker.iteration
@@ -98,16 +98,9 @@ class RankActor:
         torch.distributed.barrier()  # every rank is past its last collective; the process ends with the actor
         return (self.dir / "result.json").read_text() if rank == 0 else ""
 
-    def progress(self, offset: int) -> tuple[list[dict[str, float]], int]:
+    def progress(self, offset: int) -> tuple[list[ProgressLine], int]:
         """Rank 0's progress lines from byte `offset` on."""
-        path = self.dir / "progress.jsonl" if self.dir else None
-        if path is None or not path.exists():
-            return [], offset
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+        return read_progress(self.dir, offset) if self.dir else ([], offset)
 
     def stop(self, terminate: bool) -> None:
         """Stop at the next iteration boundary: the scheduler's stop, or the run's end."""

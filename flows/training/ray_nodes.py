@@ -7,11 +7,13 @@ out, with the reason, rather than bending the topology. Both the service (its
 cluster) and a run's coordinating process (a fixed GPU plan without a
 scheduler) read the cluster through here, so they number GPUs alike.
 
-No `ray` import: callers pass what `ray.nodes()` returned.
+No `ray` import at module level: callers pass what `ray.nodes()` returned,
+and `connect` imports Ray only when a process joins a cluster.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -20,11 +22,12 @@ from typing import Any, Iterable, Literal
 from flows.training.control import GpuSlot
 
 SLOTS_RESOURCE = "elasticflow_slots"  # worker slots a CPU-only node offers (`ray start --resources`)
-RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # the Ray cluster a run's ranks run on (set by the worker's backend)
+RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # the worker's setting: the Ray cluster its runs' ranks run on
 NAMESPACE = "elasticflow"  # the Ray namespace of the rank actors
 # Ray rewrites 127.0.0.1 to the host's outside address unless told it is one
 # machine (read when `ray` is imported); a loopback cluster listens on 127.0.0.1 only.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # "0": no process we start reports usage to Ray's servers
 
 
 def is_loopback(address: str | None) -> bool:
@@ -37,6 +40,19 @@ def loopback_before_import(address: str | None = None) -> None:
     run's `ELASTICFLOW_RAY_ADDRESS`) on loopback: call before `import ray`."""
     if is_loopback(address or os.environ.get(RAY_ADDRESS_ENV)):
         os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at `address` as a driver, once per process: the
+    worker (to read the nodes and clean up rank actors) and each run's flow
+    process (which owns its rank actors, so they end with it). Ray's own
+    errors (ConnectionError, RuntimeError, ValueError) go to the caller."""
+    loopback_before_import(address)
+    os.environ.setdefault(USAGE_STATS_ENV, "0")
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
 
 
 @dataclass(frozen=True, slots=True)

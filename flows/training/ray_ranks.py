@@ -20,9 +20,17 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
-from flows.training.ray_nodes import NAMESPACE, by_name, loopback_before_import, rank_actor_name, read_nodes, slots_of
+from flows.training.ray_nodes import (
+    NAMESPACE,
+    by_name,
+    connect,
+    loopback_before_import,
+    rank_actor_name,
+    read_nodes,
+    slots_of,
+)
 
 loopback_before_import()
 
@@ -30,14 +38,20 @@ import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
+from flows.training.orders import RankOrder, Seat, rank_orders  # noqa: E402
 from flows.training.ray_actor import PlacementError, RankActor, await_exit, node_id_here  # noqa: E402
-from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings
-from flows.training.standby import rank_env
+from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
+from flows.training.standby import rank_env  # noqa: E402
+from flows.training.supervision import (  # noqa: E402
+    HANDOVER_S,
+    Failure,
+    ProgressCallback,
+    RankFailure,
+    crash_result,
+    crashed,
+)
 
 log = logging.getLogger("elasticflow.ray")
-
-HANDOVER_S = 120.0  # actor asked for -> it says where it is; else its node is full or gone
-ProgressCallback = Callable[[int, float, float], None]
 
 
 class CheckpointStoreNotShared(ValueError):
@@ -46,12 +60,6 @@ class CheckpointStoreNotShared(ValueError):
 
 def _is_local_path(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
-
-
-def connect(address: str) -> None:
-    """Join the Ray cluster as a driver (once per process)."""
-    if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
 
 
 def live_nodes() -> list[dict[str, Any]]:
@@ -65,10 +73,16 @@ def slots_for(gpus: list[int]) -> list[GpuSlot]:
     return slots_of(by_name(nodes), gpus)
 
 
-def alive(placement: list[GpuSlot]) -> bool:
-    """Whether every node of the placement is up."""
+def lost(placement: list[GpuSlot]) -> list[str]:
+    """The names of the placement's nodes that are not up."""
     up = {n["NodeID"] for n in live_nodes() if n.get("Alive")}
-    return all(slot.node in up for slot in placement)
+    return sorted({slot.name for slot in placement if slot.node not in up})
+
+
+def ray_seats(placement: list[GpuSlot], where: list[dict[str, Any]]) -> list[Seat]:
+    """Each rank on the node its placement names, on the interface its actor reported there."""
+    return [Seat(node=slot.node, interface=w["interface"], device_index=slot.index)
+            for slot, w in zip(placement, where)]
 
 
 def _actor_env() -> dict[str, str]:
@@ -157,7 +171,7 @@ def _answers(node: str, timeout_s: float = 10.0) -> bool:
 
 
 class RaySegment:
-    """A running segment on Ray, with the launcher `Segment`'s interface."""
+    """A running segment on Ray (a `supervision.RunningSegment`)."""
 
     def __init__(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot], pool: ActorPool,
                  control: FileControlChannel | None = None) -> None:
@@ -167,6 +181,7 @@ class RaySegment:
         self.actors: list[Any] = []
         self.refs: list[Any] = []
         self.where: list[dict[str, Any]] = []
+        self.orders: list[RankOrder] = []
         self.launch_t = 0.0
         self._offset = 0
         self._stop_sent = False
@@ -205,22 +220,17 @@ class RaySegment:
                 "checkpoint_store) to a URL every node reaches, e.g. s3://bucket/checkpoints")
         master_ip = self.where[0]["ip"]
         port = ray.get(self.actors[0].free_port.remote(master_ip))
-        local_rank: dict[str, int] = {}
+        self.orders = rank_orders(ray_seats(self.placement, self.where), master_ip, port, self.spec.device,
+                                  self.launch_t, self.gpus)
         spec_json = self.spec.model_copy(update={"control_dir": None}).model_dump_json()
-        for rank, (actor, slot, where) in enumerate(zip(self.actors, self.placement, self.where)):
-            local_rank[slot.node] = local_rank.get(slot.node, -1) + 1
-            env = dict(
-                RANK=str(rank), LOCAL_RANK=str(local_rank[slot.node]), WORLD_SIZE=str(len(self.gpus)),
-                MASTER_ADDR=master_ip, MASTER_PORT=str(port),
-                GLOO_SOCKET_IFNAME=where["interface"], NCCL_SOCKET_IFNAME=where["interface"],
-                ELASTICFLOW_LAUNCH_T=repr(self.launch_t), ELASTICFLOW_GPUS=",".join(map(str, self.gpus)),
-                CUDA_VISIBLE_DEVICES=str(slot.index) if self.spec.device == "cuda" else "",
-            )
-            self.refs.append(actor.run.remote(spec_json, env))
+        self.refs = [actor.run.remote(spec_json, order) for actor, order in zip(self.actors, self.orders)]
         log.info("segment started on Ray run_key=%s gpus=%s nodes=%s master=%s:%d", self.spec.run_key, self.gpus,
                  ",".join(self.nodes), master_ip, port)
 
-    def request_stop(self, terminate: bool = True) -> None:
+    def request_stop(self) -> None:
+        self._stop(terminate=True)
+
+    def _stop(self, terminate: bool) -> None:
         for actor in self.actors:
             actor.stop.remote(terminate)
 
@@ -237,69 +247,64 @@ class RaySegment:
             return
         for line in lines:
             if on_progress:
-                on_progress(int(line["iteration"]), float(line["loss"]), float(line["t"]))
+                on_progress(*line)
 
-    def _crashed(self, error: str) -> SegmentResult:
-        log.warning("segment crashed on Ray run_key=%s: %s", self.spec.run_key, error[:300])
-        return SegmentResult(gpus=self.gpus, start_iteration=-1, end_iteration=-1, reason="crashed",
-                             timings=SegmentTimings(launch_t=self.launch_t, end_t=time.time()), error=error)
-
-    def _failures(self, done: list[Any]) -> dict[int, BaseException]:
-        """Ranks that failed, once one has: the others are given a moment to
-        fail too, so that the cause can be told from its casualties."""
-        def failed(refs: list[Any]) -> dict[int, BaseException]:
-            out = {}
+    def _failures(self, done: list[Any]) -> list[RankFailure]:
+        """Ranks that failed, once one has. The others are given a moment to
+        fail too: Ray may report a peer's error before the death that caused
+        it, and the cause is told from its casualties only among all of them."""
+        def failed(refs: list[Any]) -> list[RankFailure]:
+            out = []
             for ref in refs:
                 try:
                     ray.get(ref, timeout=0)
                 except ray.exceptions.GetTimeoutError:
                     continue
                 except Exception as exc:  # noqa: BLE001  # whatever a rank raised, or its death
-                    out[self.refs.index(ref)] = exc
+                    rank = self.refs.index(ref)
+                    how = Failure.DIED if isinstance(exc, ray.exceptions.RayActorError) else Failure.FAILED
+                    out.append(RankFailure(rank, how, f"{how.value}: {type(exc).__name__}", self.placement[rank].name,
+                                           str(exc)[:1500]))
             return out
 
-        found = failed(done)
-        if found:
-            more, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=3.0)
-            found = failed(more)
-        return found
+        if not failed(done):
+            return []
+        more, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=3.0)
+        return failed(more)
 
-    def _cause(self, failures: dict[int, BaseException]) -> str:
-        """A rank whose process died (killed, its node lost) is the likely
-        cause; the others then fail in a collective with a closed peer."""
-        died = {r: e for r, e in failures.items() if isinstance(e, ray.exceptions.RayActorError)}
-        self.died = bool(died)
-        rank, exc = min((died or failures).items())
-        tail = ""
-        if not died:
-            try:
-                tail = ray.get(self.actors[rank].log_tail.remote(), timeout=5)
-            except Exception:  # noqa: BLE001  # gone meanwhile
-                pass
-        ranks = ", ".join(f"rank {r} on {self.placement[r].name}" for r in sorted(failures))
-        return (f"worker rank {rank} on {self.placement[rank].name} "
-                f"{'died' if died else 'failed'}: {type(exc).__name__}: {str(exc)[:1500]} {tail} "
-                f"(failed: {ranks})")
+    def _log_tail(self, failure: RankFailure) -> str:
+        """What a rank that raised wrote last (a rank that died took its log's actor along)."""
+        if failure.how is Failure.DIED:
+            return ""
+        try:
+            return str(ray.get(self.actors[failure.rank].log_tail.remote(), timeout=5))
+        except Exception:  # noqa: BLE001  # gone meanwhile
+            return ""
 
-    def wait(self, on_progress: ProgressCallback | None = None, poll_s: float = 0.2,
-             timeout_s: float | None = None) -> SegmentResult:
+    def wait(self, on_progress: ProgressCallback | None = None, timeout_s: float | None = None,
+             poll_s: float = 0.2) -> SegmentResult:
         give_up = None if timeout_s is None else time.time() + timeout_s
         try:
             if self.start_error:
-                return self._crashed(self.start_error)
+                log.warning("segment could not start on Ray run_key=%s: %s", self.spec.run_key, self.start_error)
+                return crashed(self.gpus, self.launch_t, self.start_error)
             while True:
                 done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=poll_s)
                 self._progress(on_progress)
                 failures = self._failures(done)
                 if failures:
-                    return self._crashed(self._cause(failures))
+                    self.died = any(f.how is Failure.DIED for f in failures)
+                    result, cause = crash_result(self.gpus, self.launch_t, failures, self._log_tail)
+                    log.warning("segment crashed on Ray run_key=%s rank=%d node=%s how=%s", self.spec.run_key,
+                                cause.rank, cause.node, cause.how.value)
+                    return result
                 if len(done) == len(self.refs):
                     self._progress(on_progress)
                     break
                 if give_up is not None and time.time() > give_up:
-                    return self._crashed(f"did not finish in {timeout_s:.0f} s")
+                    return crashed(self.gpus, self.launch_t, f"did not finish in {timeout_s:.0f} s")
                 if self.control and not self._stop_sent and self.control.pending(self.spec.applied_seq):
-                    self.request_stop(terminate=False)  # rank 0 polled this file when it could see it
+                    self._stop(terminate=False)  # rank 0 polled this file when it could see it
                     self._stop_sent = True
             result = SegmentResult.model_validate_json(ray.get(self.refs[0]))
             result.gpus = self.gpus
@@ -310,8 +315,8 @@ class RaySegment:
 
 
 class RayRanks:
-    """Where a run's segments go on a Ray cluster: its actor pool and the
-    placement of each segment."""
+    """Ranks as Ray actors on the nodes each segment's placement names, warm
+    spares per node in the run's `ActorPool` (a `ranks.Ranks`)."""
 
     def __init__(self, address: str, run_key: str, control: FileControlChannel | None) -> None:
         connect(address)
@@ -319,32 +324,35 @@ class RayRanks:
         self.control = control
         self.last: RaySegment | None = None
 
-    def placement(self, gpus: list[int], given: list[GpuSlot] | None) -> list[GpuSlot]:
-        return list(given) if given is not None else slots_for(gpus)
-
-    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot]) -> RaySegment:
-        self.last = RaySegment(spec, gpus, placement, self.pool, self.control)
+    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> RaySegment:
+        """On the slots the scheduler named (a run without one: the GPU ids on the live nodes, by name)."""
+        slots = list(placement) if placement is not None else slots_for(gpus)
+        self.last = RaySegment(spec, gpus, slots, self.pool, self.control)
         return self.last
 
-    def refill(self, placement: list[GpuSlot]) -> None:
-        self.pool.refill(placement)
+    def refill(self, standby: int) -> None:
+        """One warm actor for each GPU of the current placement, on its node,
+        if the next segment is to have warm ranks at all."""
+        if standby and self.last is not None:
+            self.pool.refill(self.last.placement)
 
-    def lost_nodes(self, verdict_s: float = 60.0) -> bool:
-        """After a crash: whether the last segment's placement lost a node.
-        A rank that died may be its node going: Ray's verdict (missed
-        heartbeats) comes within seconds, so it is awaited for a while."""
+    def lost_nodes(self, verdict_s: float = 60.0) -> list[str]:
+        """After a crash: the last segment's nodes that are gone. A rank that
+        died may be its node going: Ray's verdict (missed heartbeats) comes
+        within seconds, so it is awaited for a while."""
         segment = self.last
         if segment is None:
-            return False
+            return []
         give_up = time.monotonic() + (verdict_s if segment.died else 0.0)
         if segment.died and all(_answers(node) for node in {slot.node for slot in segment.placement}):
-            return False  # a rank's process died, not its node: restart where it was
+            return []  # a rank's process died, not its node: restart where it was
         while True:
-            if not alive(segment.placement):
+            gone = lost(segment.placement)
+            if gone:
                 self.pool.drop({slot.node for slot in segment.placement})
-                return True
+                return gone
             if time.monotonic() >= give_up:
-                return False
+                return []
             time.sleep(0.5)
 
     def close(self) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import IO, Union
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
-STANDBY_LOG_ENV = "ELASTICFLOW_STANDBY_LOG"
 EXTRA_ENV = "ELASTICFLOW_RANK_ENV"  # operator's additions to the allow-list, comma-separated names
 
 # What a DDP rank may see of its flow process's environment. Ranks never talk
@@ -110,10 +109,9 @@ class WorkerPool:
         # What it says before it has a segment's log, kept for a crash report;
         # removed by the standby itself once handed a segment or told to go.
         fd, log = tempfile.mkstemp(prefix="elasticflow-standby-", suffix=".log")
-        env[STANDBY_LOG_ENV] = log
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.training.rank", "--standby"],
+                [sys.executable, "-m", "flows.training.rank", "--standby", log],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=fd,

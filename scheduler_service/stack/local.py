@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -25,6 +24,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.training.orders import free_port  # noqa: F401  # the stack's ports: callers import it from here
 from flows.training.ray_nodes import RAY_ADDRESS_ENV, RAY_LOOPBACK_ENV
 from scheduler_service.stack.groups import Group, groups_of, start_time, stop_groups
 from scheduler_service.stack.supervisor import PRIVATE_UMASK, Supervised
@@ -49,12 +49,6 @@ class LocalStack:
         Ray cluster's exit: its runs fail over to a clear state, see docs/ray.md)."""
         checks = [self.server.check(), self.worker.check(), self.ray_cluster.check() if self.ray_cluster else None]
         return [line for line in checks if line]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stack_env(home: Path, port: int) -> dict[str, str]:

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from flows.training.ray_nodes import RAY_LOOPBACK_ENV, SLOTS_RESOURCE
+from flows.training.ray_nodes import RAY_LOOPBACK_ENV, SLOTS_RESOURCE, USAGE_STATS_ENV
 
 LOCAL_PREFIX = "local:"
 
@@ -40,6 +40,7 @@ class LocalRayCluster:
         if "ray" in sys.modules and os.environ.get(RAY_LOOPBACK_ENV) != "0":
             raise RuntimeError(f"set {RAY_LOOPBACK_ENV}=0 before importing ray: a loopback cluster needs it")
         os.environ[RAY_LOOPBACK_ENV] = "0"  # and every raylet and driver it starts inherits it
+        os.environ[USAGE_STATS_ENV] = "0"  # a head reports usage to Ray's servers unless told not to
         from ray.cluster_utils import Cluster
 
         self.slots = slots

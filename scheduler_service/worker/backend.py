@@ -4,25 +4,35 @@ The worker decides *which* GPUs; an execution backend makes a run's ranks
 start there, says whether they are up, and stops them. Everything the worker
 knows about processes, PIDs, hosts and addresses lives behind this protocol.
 
-`LocalProcesses` is the embedded default: the flow process that Prefect's
-process worker starts on this machine forks the run's DDP ranks itself (warm,
-from the fork server) and binds them to loopback; it is stopped through
-`cancellation.Cancellations` (control channel, then SIGTERM, then SIGKILL).
+Every backend has a coordinating flow process per run on this machine, which
+Prefect's process worker starts: `FlowProcesses` is that part, written once
+(its environment and launch, its infrastructure id, whether it is alive, and
+stopping it: `cancellation.Escalation`). A backend composes it with where the
+ranks go: `LocalProcesses`, the embedded default, lets the flow process fork
+the run's DDP ranks itself (warm, from the fork server) on loopback;
+`ray_backend.RayBackend` puts them on a Ray cluster's nodes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from flows.training.launch import LaunchSpec
+from scheduler_service.worker.cancellation import (
+    Cancellations,
+    Escalation,
+    Stop,
+    StopStep,
+    is_flow_process,
+    process_id,
+)
 from scheduler_service.worker.cluster import Cluster
-from scheduler_service.worker.cancellation import Cancellations, Step, Stop, is_flow_process, process_id
 
 log = logging.getLogger("prefect.workers.elasticflow.backend")  # shown with the worker's own lines
 
@@ -55,18 +65,19 @@ class ExecutionBackend(Protocol):
     def close(self) -> None:
         """Stop taking launches; running runs keep going."""
 
-    def prepare(self, env: dict[str, str], placement: Placement) -> None:
+    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
         """Start this run's ranks on these GPUs: fill in the environment of the
-        flow process Prefect's worker starts (it launches the ranks)."""
+        flow process Prefect's worker starts (it launches the ranks), with
+        `spec` completed (placement, standby ranks, where the ranks run)."""
 
     def infrastructure_id(self, pid: int) -> str:
-        """Where the run lives, as Prefect records it (`host:pid`)."""
+        """Where the run lives, as Prefect records it (ending in `host:pid`)."""
 
     def alive(self, infrastructure_id: str | None, run_id: str) -> bool:
         """Whether the run's processes are still there (and still that run's)."""
 
     def stop_step(self, run_id: str, infrastructure_id: str | None, message: str | None, now: float,
-                  adopted: bool) -> Step | None:
+                  adopted: bool) -> StopStep | None:
         """The next step in stopping a cancelled run that Prefect cannot stop."""
 
     def forget(self, run_id: str) -> Stop | None:
@@ -76,11 +87,10 @@ class ExecutionBackend(Protocol):
         """Stop the run's processes now (SIGTERM, SIGKILL after `grace_s`)."""
 
 
-class LocalProcesses:
-    """Runs on this machine: flow processes started by Prefect's process
-    worker, warm-started from the fork server unless `warm_start` is off."""
-
-    name = "local"
+class FlowProcesses:
+    """The coordinating flow process of each run, on this machine: started by
+    Prefect's process worker (forked warm from the fork server unless
+    `warm_start` is off), named `host:pid`, stopped by one `Escalation`."""
 
     def __init__(self, warm_start: bool = True) -> None:
         self.warm_start = warm_start
@@ -97,17 +107,13 @@ class LocalProcesses:
         self._forkserver = process, path
         log.info("warm start: fork server pid %d at %s (log %s)", process.pid, path, home / "logs" / "forkserver.log")
 
-    def cluster(self) -> Cluster | None:
-        return None
-
-    def changed(self, now: float) -> Cluster | None:
-        return None
-
     def close(self) -> None:
         if self._forkserver is not None:  # it stops taking runs; the running ones keep their relay
             self._forkserver[0].terminate()
 
-    def prepare(self, env: dict[str, str], placement: Placement) -> None:
+    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+        """The flow process's environment: the launch, with the placement; no
+        secret of the worker's; the fork server, unless the run starts cold."""
         from flows.training.boot import FORKSERVER_ENV
         from flows.training.standby import is_secret
 
@@ -115,11 +121,7 @@ class LocalProcesses:
         # store's credentials (the flow talks to Prefect, whose own settings stay).
         for name in [n for n in env if is_secret(n) and not n.startswith("PREFECT_")]:
             del env[name]
-        env.update({
-            "ELASTICFLOW_GPUS": ",".join(map(str, placement.gpus)),
-            "ELASTICFLOW_WORLD_SIZE": str(len(placement.gpus)),
-            "ELASTICFLOW_NODES": ",".join(placement.nodes),
-        })
+        env.update(spec.model_copy(update={"gpus": list(placement.gpus), "nodes": list(placement.nodes)}).to_env())
         if self._forkserver is None:
             return
         # A forked process keeps what its interpreter read at start (sys.path,
@@ -136,13 +138,24 @@ class LocalProcesses:
     def infrastructure_id(self, pid: int) -> str:
         return f"{self.host}:{pid}"
 
+    def pid_of(self, infrastructure_id: str | None) -> int | None:
+        """The PID in an id ending in `host:pid` (a backend may put more before
+        a `|`) when the host is this one; a bare PID is ours."""
+        if not infrastructure_id:
+            return None
+        local = str(infrastructure_id).rsplit("|", 1)[-1]
+        host, sep, _ = local.rpartition(":")
+        if sep and host and host != self.host:
+            return None
+        return process_id(local)
+
     def alive(self, infrastructure_id: str | None, run_id: str) -> bool:
-        pid = self._local_pid(infrastructure_id)
+        pid = self.pid_of(infrastructure_id)
         return pid is not None and is_flow_process(pid, run_id)
 
     def stop_step(self, run_id: str, infrastructure_id: str | None, message: str | None, now: float,
-                  adopted: bool) -> Step | None:
-        return self.stops.step(run_id, self._local_pid(infrastructure_id), message, now, adopted)
+                  adopted: bool) -> StopStep | None:
+        return self.stops.step(run_id, self.pid_of(infrastructure_id), message, now, adopted)
 
     def forget(self, run_id: str) -> Stop | None:
         return self.stops.forget(run_id)
@@ -151,47 +164,54 @@ class LocalProcesses:
         """SIGTERM now (its ranks checkpoint on the way out), SIGKILL after
         `grace_s` if it is still there; only a process that is still that
         run's is signalled."""
-        import time
-
-        pid = self._local_pid(infrastructure_id)
+        pid = self.pid_of(infrastructure_id)
         if pid is None or (run_id is not None and not is_flow_process(pid, run_id)):
             raise InfrastructureGone(infrastructure_id)
-
-        def there() -> bool:  # a reaped or reused PID is not that run any more
-            return is_flow_process(pid, run_id) if run_id is not None else _exists(pid)
-
-        _send(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if not there():
-                return
-            time.sleep(0.2)
-        if there():
-            _send(pid, signal.SIGKILL)
-
-    def _local_pid(self, infrastructure_id: str | None) -> int | None:
-        """The PID in `host:pid` when the host is this one (a bare PID is ours)."""
-        if not infrastructure_id:
-            return None
-        host, sep, _ = str(infrastructure_id).rpartition(":")
-        if sep and host and host != self.host:
-            return None
-        return process_id(infrastructure_id)
+        if Escalation(pid, run_id, grace_s).run() is StopStep.KILLED:
+            log.warning("flow run %s: process %d still there %.0f s after SIGTERM; killed", run_id, pid, grace_s)
+        else:
+            log.info("flow run %s: process %d ended on SIGTERM", run_id, pid)
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+class LocalProcesses:
+    """Runs on this machine: the flow process forks its run's ranks itself, on loopback."""
 
+    name = "local"
 
-def _send(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except OSError:
-        pass
+    def __init__(self, warm_start: bool = True) -> None:
+        self.flows = FlowProcesses(warm_start)
+
+    def open(self, home: Path) -> None:
+        self.flows.open(home)
+
+    def cluster(self) -> Cluster | None:
+        return None
+
+    def changed(self, now: float) -> Cluster | None:
+        return None
+
+    def close(self) -> None:
+        self.flows.close()
+
+    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+        """Its boot starts the first segment's ranks as standbys, one per GPU."""
+        self.flows.prepare(env, placement, spec.model_copy(update={"standby": len(placement.gpus)}))
+
+    def infrastructure_id(self, pid: int) -> str:
+        return self.flows.infrastructure_id(pid)
+
+    def alive(self, infrastructure_id: str | None, run_id: str) -> bool:
+        return self.flows.alive(infrastructure_id, run_id)
+
+    def stop_step(self, run_id: str, infrastructure_id: str | None, message: str | None, now: float,
+                  adopted: bool) -> StopStep | None:
+        return self.flows.stop_step(run_id, infrastructure_id, message, now, adopted)
+
+    def forget(self, run_id: str) -> Stop | None:
+        return self.flows.forget(run_id)
+
+    def kill(self, infrastructure_id: str, run_id: str | None, grace_s: float) -> None:
+        self.flows.kill(infrastructure_id, run_id, grace_s)
 
 
 class Identified:

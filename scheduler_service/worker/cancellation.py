@@ -16,18 +16,71 @@ end its process in time:
 3. SIGKILL.
 
 Once the process is gone the worker ends the run `Cancelled`, with the
-canceller's message (over that `Crashed` too).
+canceller's message (over that `Crashed` too). Steps 2 and 3 are the one
+`Escalation` of the worker, which Prefect's own `kill_infrastructure` runs
+too (`backend.FlowProcesses.kill`); each step is a typed `StopStep`.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Literal
 
-Step = Literal["stop", "terminated", "killed", "gone"]
+
+class StopStep(str, Enum):
+    """What a step in stopping a run did (a `str`, so "stop" == StopStep.STOP)."""
+
+    STOP = "stop"  # asked on the run's control channel: the worker's to send
+    TERMINATED = "terminated"  # SIGTERM sent
+    KILLED = "killed"  # SIGKILL sent
+    GONE = "gone"  # no process of this run is left: it can be ended
+
+
+class Escalation:
+    """SIGTERM to a run's process (its ranks checkpoint on the way out), then
+    SIGKILL `kill_after_s` later if it is still there: Prefect's own way to
+    stop a process, for both of the worker's. `kill_infrastructure` runs it
+    to the end at once (`run`); a cancellation Prefect does not reach takes
+    it one step per poll (`step`), after asking on the control channel first.
+
+    Only a process that is still that run's is signalled: a PID is reused
+    once its process is gone (`is_flow_process`). Without a run id (Prefect
+    gave none) a live PID of ours is trusted."""
+
+    def __init__(self, pid: int, run_id: str | None, kill_after_s: float) -> None:
+        self.pid, self.run_id, self.kill_after_s = pid, run_id, kill_after_s
+        self.terminated: float | None = None
+        self.killed = False
+
+    def there(self) -> bool:
+        return is_flow_process(self.pid, self.run_id) if self.run_id is not None else _exists(self.pid)
+
+    def step(self, now: float) -> StopStep | None:
+        """The signal due at `now`, if any: TERMINATED, then KILLED; GONE once
+        no process of the run is left; None while waiting."""
+        if not self.there():
+            return StopStep.GONE
+        if self.terminated is None:
+            _signal(self.pid, signal.SIGTERM)
+            self.terminated = now
+            return StopStep.TERMINATED
+        if not self.killed and now - self.terminated >= self.kill_after_s:
+            _signal(self.pid, signal.SIGKILL)
+            self.killed = True
+            return StopStep.KILLED
+        return None
+
+    def run(self, poll_s: float = 0.2) -> StopStep:
+        """Every step now, waiting between them: GONE or KILLED."""
+        while True:
+            step = self.step(time.monotonic())
+            if step in (StopStep.GONE, StopStep.KILLED):
+                return step
+            time.sleep(poll_s)
 
 
 @dataclass
@@ -38,8 +91,16 @@ class Stop:
     message: str
     seen: float
     stopped: float | None = None
-    terminated: float | None = None
-    killed: bool = False
+    signals: Escalation | None = None
+
+    @property
+    def terminated(self) -> float | None:
+        """When it was sent SIGTERM (None: not yet, or never)."""
+        return self.signals.terminated if self.signals else None
+
+    @property
+    def killed(self) -> bool:
+        return bool(self.signals and self.signals.killed)
 
 
 class Cancellations:
@@ -54,29 +115,24 @@ class Cancellations:
         self.kill_after_s = kill_after_s
         self._stops: dict[str, Stop] = {}
 
-    def step(self, run_id: str, pid: int | None, message: str | None, now: float, adopted: bool) -> Step | None:
-        """The run is `Cancelling` at `now`: take the step that is due. "stop" is
-        the worker's to send, on the run's control channel; "terminated" and
-        "killed" are done here; "gone" means no process of this run is left (it
-        can be ended); None, nothing for now."""
+    def step(self, run_id: str, pid: int | None, message: str | None, now: float, adopted: bool) -> StopStep | None:
+        """The run is `Cancelling` at `now`: take the step that is due (None:
+        nothing for now). STOP is the worker's to send, on the run's control
+        channel; the signals are sent here."""
         stop = self._stops.setdefault(run_id, Stop(pid, message or "cancelled", now))
         stop.pid = stop.pid or pid  # a run seen as it launched has its PID only later
         if stop.pid is None or not is_flow_process(stop.pid, run_id):
-            return "gone"
+            return StopStep.GONE
         if stop.stopped is None:
             if adopted or now - stop.seen >= self.grace_s:
                 stop.stopped = now
-                return "stop"
-        elif stop.terminated is None:
-            if now - stop.stopped >= self.terminate_after_s:
-                _signal(stop.pid, signal.SIGTERM)
-                stop.terminated = now
-                return "terminated"
-        elif not stop.killed and now - stop.terminated >= self.kill_after_s:
-            _signal(stop.pid, signal.SIGKILL)
-            stop.killed = True
-            return "killed"
-        return None
+                return StopStep.STOP
+            return None
+        if stop.signals is None:
+            if now - stop.stopped < self.terminate_after_s:
+                return None
+            stop.signals = Escalation(stop.pid, run_id, self.kill_after_s)
+        return stop.signals.step(now)
 
     def forget(self, run_id: str) -> Stop | None:
         """The run's process is gone: what was asked of it, if anything."""
@@ -96,16 +152,20 @@ def is_flow_process(pid: int, run_id: str) -> bool:
     PID is reused once its process is gone, and a stranger must not be
     signalled. Without /proc (not Linux) a live PID of ours is trusted."""
     if not Path("/proc/self/environ").exists():
-        try:
-            os.kill(pid, 0)
-        except OSError:  # gone, or another user's
-            return False
-        return True
+        return _exists(pid)
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:  # gone, or another user's
         return False
     return f"PREFECT__FLOW_RUN_ID={run_id}".encode() in environ.split(b"\0")
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:  # gone, or another user's
+        return False
+    return True
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -1,10 +1,11 @@
 """Runs on a Ray cluster: the cluster is Ray's live nodes, ranks run on them.
 
 The flow process of a run stays where Prefect's worker starts it (this
-machine, as with `LocalProcesses`) and coordinates; its DDP ranks are Ray
-actors on the nodes of the placement (`flows.training.ray_ranks`). The
-service reads the topology from Ray, follows nodes that join, leave or die
-(`changed`), and names each GPU id by node and device in every command.
+machine, the same `FlowProcesses` as `LocalProcesses`) and coordinates; its
+DDP ranks are Ray actors on the nodes of the placement
+(`flows.training.ray_ranks`). The service reads the topology from Ray,
+follows nodes that join, leave or die (`changed`), names each GPU id by node
+and device in every command, and kills rank actors a run left behind.
 
 GPU ids are positions in the current topology: node-major over the usable
 nodes in the order they were first seen, so a joining node appends and a
@@ -15,46 +16,43 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
+from flows.training.launch import LaunchSpec
 from flows.training.ray_nodes import (
     NAMESPACE,
-    RAY_ADDRESS_ENV,
     RAY_LOOPBACK_ENV,
     RayNode,
+    connect,
     is_loopback,
     is_rank_actor_of,
-    loopback_before_import,
     read_nodes,
 )
 from scheduler_service.policy.topology import Topology
-from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, Placement
-from scheduler_service.worker.cancellation import Stop
+from scheduler_service.worker.backend import FlowProcesses, Placement
+from scheduler_service.worker.cancellation import Stop, StopStep
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.settings import SettingsError
 
 log = logging.getLogger("prefect.workers.elasticflow.ray")
 
 
-class RayBackend(LocalProcesses):
+class RayBackend:
     name = "ray"
 
     def __init__(self, address: str, warm_start: bool = True, refresh_s: float = 1.0) -> None:
-        super().__init__(warm_start=warm_start)
         self.address = address
         self.refresh_s = refresh_s
+        self.flows = FlowProcesses(warm_start)
         self.order: list[str] = []  # node ids, first seen first
         self.told: dict[str, str] = {}  # node name -> why it is left out, said once
         self._checked = 0.0
         self._cluster: Cluster | None = None
-        loopback_before_import(address)
-        import ray
-
-        if not ray.is_initialized():
-            try:
-                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise SettingsError(f"ELASTICFLOW_RAY_ADDRESS={address}: cannot join the Ray cluster there "
-                                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        try:
+            connect(address)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise SettingsError(f"ELASTICFLOW_RAY_ADDRESS={address}: cannot join the Ray cluster there "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
     # -- the cluster -----------------------------------------------------------
     def cluster(self) -> Cluster:
@@ -84,37 +82,42 @@ class RayBackend(LocalProcesses):
         return after if after.slots != before.slots else None
 
     # -- runs ------------------------------------------------------------------
-    def prepare(self, env: dict[str, str], placement: Placement) -> None:
-        super().prepare(env, placement)
-        env[RAY_ADDRESS_ENV] = self.address
-        env["ELASTICFLOW_WORLD_SIZE"] = "0"  # no local standby ranks: the ranks are Ray actors on the nodes
+    def open(self, home: Path) -> None:
+        self.flows.open(home)
+
+    def close(self) -> None:
+        self.flows.close()
+
+    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+        """The flow process puts its ranks on this cluster; none on this machine."""
+        self.flows.prepare(env, placement, spec.model_copy(update={"ray_address": self.address, "standby": 0}))
         if is_loopback(self.address):
             env[RAY_LOOPBACK_ENV] = "0"
 
     def infrastructure_id(self, pid: int) -> str:
         """The coordinating process (`host:pid`) and the Ray cluster its ranks are on."""
-        return f"ray://{self.address}/{NAMESPACE}|{self.host}:{pid}"
+        return f"ray://{self.address}/{NAMESPACE}|{self.flows.infrastructure_id(pid)}"
 
-    def _local_pid(self, infrastructure_id: str | None) -> int | None:
-        return super()._local_pid(str(infrastructure_id).rsplit("|", 1)[-1] if infrastructure_id else None)
+    def alive(self, infrastructure_id: str | None, run_id: str) -> bool:
+        return self.flows.alive(infrastructure_id, run_id)
+
+    def stop_step(self, run_id: str, infrastructure_id: str | None, message: str | None, now: float,
+                  adopted: bool) -> StopStep | None:
+        return self.flows.stop_step(run_id, infrastructure_id, message, now, adopted)
 
     def kill(self, infrastructure_id: str, run_id: str | None, grace_s: float) -> None:
         """Stop the coordinating process (its ranks end with it, Ray's fate
         sharing), then any rank actor of the run still there, on every node."""
         try:
-            super().kill(infrastructure_id, run_id, grace_s)
-            gone = None
-        except InfrastructureGone as exc:
-            gone = exc
-        if run_id is not None:
-            self.kill_ranks(run_id)
-        if gone is not None:
-            raise gone
+            self.flows.kill(infrastructure_id, run_id, grace_s)
+        finally:  # InfrastructureGone too: its actors may still be there
+            if run_id is not None:
+                self.kill_ranks(run_id)
 
     def forget(self, run_id: str) -> Stop | None:
         """The coordinating process is gone; so must its ranks be (they are, unless Ray lags)."""
         self.kill_ranks(run_id)
-        return super().forget(run_id)
+        return self.flows.forget(run_id)
 
     def kill_ranks(self, run_id: str, timeout_s: float = 15.0) -> int:
         """Kill the run's rank actors left anywhere; how many there were."""
@@ -146,4 +149,3 @@ def _as_cluster(nodes: list[RayNode], address: str) -> Cluster:
     topology = Topology(1, len(nodes), per_node)
     slots = tuple(slot for node in nodes for slot in node.slots())
     return Cluster(topology, nodes[0].device, tuple(n.name for n in nodes), f"Ray cluster at {address}", slots)
-

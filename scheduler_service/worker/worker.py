@@ -251,9 +251,9 @@ class ElasticFlowWorker(ProcessWorker):
         placed = self.registry.get(run_id)
         if placed is not None:
             gpus = placed.launch_gpus
-            self.backend.prepare(configuration.env, Placement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))))
+            self.backend.prepare(configuration.env, Placement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))),
+                                 LaunchSpec(deadline=epoch_to_datetime(placed.deadline), admitted=True))
             configuration.env["ELASTICFLOW_HOME"] = str(self.settings.home)
-            configuration.env.update(LaunchSpec(deadline=epoch_to_datetime(placed.deadline), admitted=True).to_env())
         if not configuration._command_configured:
             from prefect.utilities.processutils import command_to_string, get_sys_executable
 

@@ -46,13 +46,12 @@ def alive_nodes() -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def ray_address(ray_cluster: LocalRayCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The cluster's address in ELASTICFLOW_RAY_ADDRESS, with both nodes up."""
-    from flows.training.ray_ranks import connect
+def ray_address(ray_cluster: LocalRayCluster) -> Iterator[str]:
+    """The cluster's address, this process joined to it, with both nodes up."""
+    from flows.training.ray_nodes import connect
 
     import ray
 
-    monkeypatch.setenv("ELASTICFLOW_RAY_ADDRESS", ray_cluster.address)
     connect(ray_cluster.address)
     while len(alive_nodes()) < NODES:
         ray_cluster.add_node()
@@ -71,6 +70,7 @@ def elasticflow_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
-    """The runtime tests' small MLP, 60 iterations, a checkpoint every 5."""
-    return lambda **overrides: small_mlp(tmp_path, **{"iterations": 60, "checkpoint_interval": 5, **overrides})
+def make_params(tmp_path: Path, ray_address: str) -> Callable[..., TrainParameters]:
+    """The runtime tests' small MLP on the cluster, 60 iterations, a checkpoint every 5."""
+    return lambda **overrides: small_mlp(tmp_path, **{"iterations": 60, "checkpoint_interval": 5,
+                                                      "ray_address": ray_address, **overrides})

@@ -37,16 +37,11 @@ def assert_same_losses(losses: list[float], reference: list[float]) -> None:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """300 iterations on one local slot (no Ray); shorter runs compare with its start."""
     root = tmp_path_factory.mktemp("reference")
-    saved = os.environ.pop("ELASTICFLOW_RAY_ADDRESS", None)
-    try:
-        params = TrainParameters(
-            model="mlp", hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
-            iterations=300, checkpoint_interval=1000, checkpoint_store=str(root / "ck"),
-            control_dir=str(root / "ctl"), device="cpu")
-        return run_training(params, "reference").losses
-    finally:
-        if saved is not None:
-            os.environ["ELASTICFLOW_RAY_ADDRESS"] = saved
+    params = TrainParameters(
+        model="mlp", hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+        iterations=300, checkpoint_interval=1000, checkpoint_store=str(root / "ck"),
+        control_dir=str(root / "ctl"), device="cpu")
+    return run_training(params, "reference").losses
 
 
 def nodes_by_name() -> dict[str, str]:
@@ -86,6 +81,10 @@ def test_a_four_slot_run_spans_both_nodes_and_reduces_correctly(
     (segment,) = segments
     assert {w["node"] for w in segment.where} == set(nodes_by_name().values())
     assert len(set(segment.pids)) == 4
+    # What each rank was told: local ranks counted per node, the rendezvous on
+    # rank 0's node, collectives on the interface of the node's address.
+    assert [(o.rank, o.local_rank, o.master_addr, o.interface) for o in segment.orders] == [
+        (0, 0, "127.0.0.1", "lo"), (1, 1, "127.0.0.1", "lo"), (2, 0, "127.0.0.1", "lo"), (3, 1, "127.0.0.1", "lo")]
     # 30 samples over 4 ranks (8, 8, 7, 7): the gradient all-reduce over both
     # nodes must give the one-slot run's loss at every iteration.
     assert_same_losses(result.losses, reference[:60])

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import pytest
 
-from flows.training.launcher import Segment
 from flows.training.params import TrainParameters
+from flows.training.supervision import PROGRESS_FILE, RunningSegment
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -53,12 +53,14 @@ def make_params(tmp_path: Path) -> Callable[..., TrainParameters]:
 
 
 def when_iteration_reaches(
-    segment: Segment, iteration: int, action: Callable[[], None], timeout_s: float = 60
+    segment: RunningSegment, iteration: int, action: Callable[[], None], timeout_s: float = 60
 ) -> threading.Thread:
-    """Run `action` from a thread once rank 0 has logged `iteration` (polled every 2 ms)."""
+    """Run `action` from a thread once rank 0 of a local segment has logged
+    `iteration` (polled every 2 ms)."""
+    folder: Path = segment.dir  # type: ignore[attr-defined]  # a local segment's folder
 
     def watch() -> None:
-        path = segment.dir / "progress.jsonl"
+        path = folder / PROGRESS_FILE
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if path.exists():
@@ -82,9 +84,17 @@ def when_iteration_reaches(
 def progress_iterations(segment_dir: Path) -> list[int]:
     import json
 
-    path = segment_dir / "progress.jsonl"
+    path = segment_dir / PROGRESS_FILE
     return (
         [json.loads(line)["iteration"] for line in path.read_text().splitlines() if line.strip()]
         if path.exists()
         else []
     )
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited child not yet reaped is not running)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -16,10 +16,10 @@ import pytest
 
 from elasticflow_block import CheckpointStorage
 from flows.training.control import FileControlChannel
-from flows.training.launcher import Segment
 from flows.training.params import TrainParameters
 from flows.training.runtime import run_training
-from tests.runtime.conftest import progress_iterations, when_iteration_reaches
+from flows.training.supervision import RunningSegment
+from tests.runtime.conftest import progress_iterations, process_alive, when_iteration_reaches
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_control_channel_parks_then_moves_a_running_job(
 ) -> None:
     params = make_params(gpu_plan=[[0]], iterations=N, checkpoint_interval=50)
     channel = FileControlChannel("steered", params.control_dir)
-    hooks: list[Segment] = []
+    hooks: list[RunningSegment] = []
     alive_while_parked: list[bool] = []
 
     def resume_when_parked() -> None:
@@ -91,13 +91,13 @@ def test_control_channel_parks_then_moves_a_running_job(
                 ack = channel.acknowledged()
                 if ack and ack.gpus == []:
                     time.sleep(0.5)  # parked for a while: no workers may be held
-                    alive_while_parked.append(any(p.poll() is None for p in hooks[0].procs))
+                    alive_while_parked.append(any(process_alive(pid) for pid in hooks[0].pids))
                     return
                 time.sleep(0.01)
         finally:
             channel.request("rescale", [0, 1])  # always, so a failure here cannot hang the run
 
-    def on_segment(segment: Segment) -> None:
+    def on_segment(segment: RunningSegment) -> None:
         hooks.append(segment)
         if len(hooks) == 1:
             when_iteration_reaches(segment, 20, lambda: channel.request("rescale", []))
@@ -122,7 +122,7 @@ def test_stop_command_checkpoints_and_ends_the_run(make_params: Callable[..., Tr
     params = make_params(iterations=N, checkpoint_interval=1000)
     channel = FileControlChannel("stopped", params.control_dir)
 
-    def on_segment(segment: Segment) -> None:
+    def on_segment(segment: RunningSegment) -> None:
         when_iteration_reaches(segment, 10, lambda: channel.request("stop"))
 
     result = run_training(params, "stopped", segment_hook=on_segment)
@@ -140,7 +140,7 @@ def test_sigterm_to_the_flow_process_checkpoints_then_defers_to_the_old_handler(
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     try:
 
-        def on_segment(segment: Segment) -> None:
+        def on_segment(segment: RunningSegment) -> None:
             when_iteration_reaches(segment, 10, lambda: os.kill(os.getpid(), signal.SIGTERM))
 
         result = run_training(params, "preempted", segment_hook=on_segment)
@@ -166,7 +166,7 @@ def test_under_prefects_sigterm_bridge_the_workers_checkpoint_and_the_bridge_sta
     params = make_params(iterations=N, checkpoint_interval=1000)
     handlers: list[object] = []
 
-    def on_segment(segment: Segment) -> None:
+    def on_segment(segment: RunningSegment) -> None:
         handlers.append(signal.getsignal(signal.SIGTERM))
         when_iteration_reaches(segment, 10, lambda: os.kill(os.getpid(), signal.SIGTERM))
 
@@ -189,9 +189,9 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(
 ) -> None:
     interval = 10
     params = make_params(gpu_plan=[[0, 1]], iterations=N, checkpoint_interval=interval)
-    segments: list[Segment] = []
+    segments: list[Any] = []  # local segments: their folders are read below
 
-    def on_segment(segment: Segment) -> None:
+    def on_segment(segment: RunningSegment) -> None:
         segments.append(segment)
         if len(segments) == 1:
             when_iteration_reaches(segment, 25, lambda: os.kill(segment.pids[1], signal.SIGKILL))

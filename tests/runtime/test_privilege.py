@@ -16,6 +16,7 @@ from flows.training.launcher import Segment, WorkerPool
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
 from flows.training.standby import rank_env
+from flows.training.supervision import read_progress
 from tests.runtime.privilege import environ, listening, too_open
 
 SECRETS = {"PGPASSWORD": "hunter2", "ELASTICFLOW_DATABASE_URL": "postgresql://ef:hunter2@db/ef",
@@ -48,9 +49,11 @@ def test_running_ranks_hold_no_secret_listen_on_loopback_and_write_private_files
     segment.start()
     try:
         deadline = time.time() + 240  # imports and rendezvous on a busy machine; training then runs on
-        while not list((tmp_path / "home" / "ck").rglob("*")) or not segment.poll_progress():
+        while not list((tmp_path / "home" / "ck").rglob("*")) or not read_progress(segment.dir, 0)[0]:
             assert time.time() < deadline, "the ranks never trained and checkpointed"
-            assert all(p.poll() is None for p in segment.procs), [segment._log_tail(r) for r in (0, 1)]
+            assert all(p.poll() is None for p in segment.procs), [
+                (segment.dir / f"rank{r}.log").read_text(errors="replace") for r in (0, 1)
+                if (segment.dir / f"rank{r}.log").exists()]
             time.sleep(0.5)
         for pid in segment.pids:
             seen = environ(pid)

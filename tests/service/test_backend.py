@@ -1,6 +1,8 @@
-"""The local execution backend on real processes: the infrastructure id names
-host and process, and `kill` (Prefect's kill_infrastructure) stops only a
-process that is still that run's."""
+"""The execution backends on real processes: the infrastructure id names
+host and process, `kill` (Prefect's kill_infrastructure) stops only a process
+that is still that run's, and the launch reaches the flow process typed. The
+Ray backend is the same flow process plus Ray (joining a cluster is faked
+here; tests/cluster has the real one)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import sys
 
 import pytest
 
+from flows.training.launch import LaunchSpec
+from scheduler_service.worker import ray_backend
 from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, Placement
+from scheduler_service.worker.ray_backend import RayBackend
 
 RUN = "0b7c1d2e-0000-4000-8000-000000000002"
 
@@ -54,7 +59,45 @@ def test_kill_terminates_then_kills_and_refuses_a_process_that_is_not_the_runs()
     assert stubborn.wait(timeout=10) == -signal.SIGKILL
 
 
-def test_a_placement_reaches_the_flow_process_environment() -> None:
-    env: dict[str, str] = {}
-    LocalProcesses(warm_start=False).prepare(env, Placement("r", (2, 3), ("localhost",)))
-    assert env == {"ELASTICFLOW_GPUS": "2,3", "ELASTICFLOW_WORLD_SIZE": "2", "ELASTICFLOW_NODES": "localhost"}
+@pytest.fixture
+def ray(monkeypatch: pytest.MonkeyPatch) -> RayBackend:
+    """A Ray backend that joined no cluster, and has no rank actor to kill."""
+    killed: list[str] = []
+    monkeypatch.setattr(ray_backend, "connect", lambda address: None)
+    monkeypatch.setattr(RayBackend, "kill_ranks", lambda self, run_id, timeout_s=15.0: killed.append(run_id) or 0)
+    backend = RayBackend("10.0.0.1:6379", warm_start=False)
+    backend.killed = killed  # type: ignore[attr-defined]
+    return backend
+
+
+def test_a_placement_reaches_the_flow_process_as_its_launch_spec(ray: RayBackend) -> None:
+    admitted = LaunchSpec(deadline="2030-01-01T00:00:00+00:00", admitted=True)
+    placement = Placement("r", (2, 3), ("node-a",))
+    env: dict[str, str] = {"ELASTICFLOW_DATABASE_URL": "postgresql://u:secret@db/x", "PREFECT_API_URL": "http://x"}
+    LocalProcesses(warm_start=False).prepare(env, placement, admitted)
+    assert set(env) == {"ELASTICFLOW_LAUNCH", "PREFECT_API_URL"}  # the worker's store credentials are not passed on
+    local = LaunchSpec.from_env(env)
+    assert local == admitted.model_copy(update={"gpus": [2, 3], "nodes": ["node-a"], "standby": 2})
+    assert local.parameters() == {"deadline": admitted.deadline}  # placement and standbys are not parameters
+    env = {}
+    ray.prepare(env, placement, admitted)
+    on_ray = LaunchSpec.from_env(env)
+    assert on_ray == local.model_copy(update={"standby": 0, "ray_address": "10.0.0.1:6379"})  # no rank here
+    assert on_ray.parameters() == {"deadline": admitted.deadline, "ray_address": "10.0.0.1:6379"}
+
+
+def test_backends_compose_the_flow_process_instead_of_subclassing_each_other() -> None:
+    assert LocalProcesses.__bases__ == (object,) and RayBackend.__bases__ == (object,)
+
+
+def test_the_ray_backend_kills_the_coordinator_then_any_rank_left_even_when_the_process_is_gone(
+        ray: RayBackend) -> None:
+    process = _start(RUN)
+    infra = ray.infrastructure_id(process.pid)
+    assert infra == f"ray://10.0.0.1:6379/elasticflow|{socket.gethostname()}:{process.pid}"
+    assert ray.alive(infra, RUN) and not ray.alive(infra, "another-run")
+    ray.kill(infra, RUN, grace_s=5.0)
+    assert process.wait(timeout=10) == -signal.SIGTERM
+    with pytest.raises(InfrastructureGone):
+        ray.kill(infra, RUN, grace_s=0.5)
+    assert ray.killed == [RUN, RUN]  # type: ignore[attr-defined]

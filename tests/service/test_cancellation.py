@@ -1,4 +1,5 @@
-"""Which Cancelling runs the worker stops itself, and how, on real processes."""
+"""Which Cancelling runs the worker stops itself, and how, on real processes;
+and the one SIGTERM -> SIGKILL escalation both of the worker's stops use."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler_service.worker.cancellation import Cancellations, is_flow_process, process_id
+from scheduler_service.worker.cancellation import Cancellations, Escalation, StopStep, is_flow_process, process_id
 
 RUN = "0b7c1d2e-0000-4000-8000-000000000001"
 
@@ -79,3 +80,37 @@ def test_a_pid_now_used_by_another_process_is_never_signalled(processes: list[su
 def test_prefects_infrastructure_pid_is_read_with_or_without_its_host() -> None:
     assert process_id("1234") == 1234 and process_id("node-1:1234") == 1234
     assert process_id(None) is None and process_id("") is None and process_id("node-1:") is None
+
+
+def test_steps_are_typed_and_still_read_as_the_strings_the_worker_compares() -> None:
+    assert [s.value for s in StopStep] == ["stop", "terminated", "killed", "gone"]
+    assert StopStep.STOP == "stop" and StopStep.GONE in ("terminated", "gone")
+
+
+def test_the_escalation_kills_only_after_its_grace_and_only_the_runs_process(
+        processes: list[subprocess.Popen[bytes]]) -> None:
+    stubborn = _start(ignore_sigterm=True)
+    stranger = _start(run_id="another-run")
+    processes += [stubborn, stranger]
+    assert Escalation(stranger.pid, RUN, kill_after_s=0.0).step(now=0.0) is StopStep.GONE
+    escalation = Escalation(stubborn.pid, RUN, kill_after_s=10.0)
+    assert escalation.step(now=100.0) is StopStep.TERMINATED
+    assert escalation.step(now=109.9) is None
+    time.sleep(0.2)
+    assert stubborn.poll() is None  # SIGTERM ignored, and no SIGKILL before the grace is over
+    assert escalation.step(now=110.0) is StopStep.KILLED
+    assert stubborn.wait(10) == -signal.SIGKILL
+    assert escalation.step(now=111.0) is StopStep.GONE
+    assert stranger.poll() is None  # never signalled: its PID is not this run's process
+
+
+def test_run_to_the_end_the_escalation_is_sigterm_then_sigkill_after_the_grace(
+        processes: list[subprocess.Popen[bytes]]) -> None:
+    polite, stubborn = _start(), _start(ignore_sigterm=True)
+    processes += [polite, stubborn]
+    started = time.monotonic()
+    assert Escalation(polite.pid, RUN, kill_after_s=30.0).run() is StopStep.GONE
+    assert polite.wait(10) == -signal.SIGTERM and time.monotonic() - started < 10
+    started = time.monotonic()
+    assert Escalation(stubborn.pid, RUN, kill_after_s=1.0).run() is StopStep.KILLED
+    assert stubborn.wait(10) == -signal.SIGKILL and time.monotonic() - started >= 1.0

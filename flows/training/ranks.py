@@ -1,0 +1,68 @@
+"""Where a run's ranks run, chosen once per run (`ranks_for`): local processes
+with the warm standby pool, or Ray actors on the nodes of each placement with
+the run's actor pool. The training loop talks to either through `Ranks` and
+the segments it makes (`supervision.RunningSegment`), never asking which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from flows.training.control import FileControlChannel, GpuSlot
+from flows.training.launcher import POOL, Segment, prune_segment_dirs
+from flows.training.segment import SegmentSpec
+from flows.training.standby import WorkerPool
+from flows.training.supervision import RunningSegment
+
+KEEP_SEGMENT_DIRS = 5  # a local run's newest segment folders (logs, progress, result) kept for a post-mortem
+
+
+class Ranks(Protocol):
+    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> RunningSegment:
+        """The next segment on `gpus` (on a cluster, the slots `placement` names), not started yet."""
+
+    def refill(self, standby: int) -> None:
+        """The current segment trains: warm `standby` ranks for the next one
+        (earlier, their imports would only slow this segment's start)."""
+
+    def lost_nodes(self) -> list[str]:
+        """After a crash: the nodes of the last segment that are gone (then
+        the run waits for the scheduler to place it anew)."""
+
+    def close(self) -> None:
+        """The run is over: let the warm ranks go."""
+
+
+class LocalRanks:
+    """Every rank a process on this machine, on loopback; relaunches take
+    warm standbys from the process's `WorkerPool`."""
+
+    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL) -> None:
+        self.segments_dir, self.pool = segments_dir, pool
+
+    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> Segment:
+        prune_segment_dirs(self.segments_dir, keep=KEEP_SEGMENT_DIRS - 1)  # and this one makes the count
+        return Segment(spec, gpus, workdir=self.segments_dir, pool=self.pool)
+
+    def refill(self, standby: int) -> None:
+        self.pool.refill(standby)
+
+    def lost_nodes(self) -> list[str]:
+        return []  # this machine is where the flow process runs: it is not lost while we ask
+
+    def close(self) -> None:
+        """Standbys stay: they exit with the flow process (EOF on their stdin),
+        and a next run in the same process (tests, benchmarks) takes them."""
+
+
+def ranks_for(ray_address: str | None, run_key: str, channel: FileControlChannel) -> Ranks:
+    """Ray actors when the run was launched on a Ray cluster, else local processes."""
+    if ray_address:
+        from flows.training.ray_nodes import loopback_before_import
+
+        loopback_before_import(ray_address)  # before `ray` is imported, below
+        from flows.training.ray_ranks import RayRanks
+
+        return RayRanks(ray_address, run_key, channel)
+    return LocalRanks(channel.folder / "segments")

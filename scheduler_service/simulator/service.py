@@ -1,0 +1,252 @@
+"""The service's own control loop, driven over a trace: the figure of the
+system that runs.
+
+`engine.simulate` asks the bare policy at slot boundaries and charges an
+idealised restart (`--actuation ideal`). Here the trace drives
+`scheduler_service.loop.ControlLoop`, the very object the Prefect worker
+drives, with every rule the service adds (acknowledged hand-over of GPUs,
+parking, keep and grow rules, the launch reserve and safety margin, decisions
+at once mid-slot, speed observation), and a simulated backend plays the runs'
+processes: a launch takes what the loop's own start-cost model says a start
+takes; a resize stops at the next iteration boundary (the plans' stop
+charge), acknowledges, and trains again once the restart is paid; a park
+acknowledges and holds nothing. With `noise`, every delay and every
+segment's speed are drawn around those, from a seeded generator (speeds
+only slower: a profile is the best case).
+
+The loop is stepped as the worker polls it: at every event (heard at the
+next poll), and at every slot boundary while anything is in flight.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduler_service.loop import ControlLoop, LoopSettings
+from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Rescale, Stop
+from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
+from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
+from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run
+
+IDLE_SLOTS = 1000  # slots with runs waiting and nothing in flight or to come: a deadlock
+
+
+class Actuation(BaseModel):
+    """How the simulated backend plays the loop's commands."""
+
+    model_config = ConfigDict(frozen=True)
+
+    poll_s: float = Field(1.0, gt=0, description="the worker's poll: the loop hears of an event this late at most")
+    noise: float = Field(0.0, ge=0, description="spread of delays and speeds (lognormal sigma); 0: exact")
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class Process:
+    """One run's flow process as the backend plays it."""
+
+    record: JobRecord
+    gpus: tuple[int, ...] = ()  # the set it trains on, once `productive_from` has come
+    held: int = 0  # GPUs it holds (counted for GPU-seconds)
+    productive_from: float = math.inf
+    speed: float = 0.0  # iterations/s while productive
+    done: float = 0.0  # iterations, as of `since`
+    since: float = 0.0
+    alive: bool = False
+    finish_at: float | None = None  # when it will have done them all, at its speed
+
+    def advance(self, now: float) -> None:
+        """Train from `since` to `now`, and count the GPUs held meanwhile."""
+        if now <= self.since:
+            return
+        self.record.gpu_seconds += self.held * (now - self.since)
+        start = max(self.since, self.productive_from)
+        if self.gpus and now > start:
+            self.done = min(self.record.job.iterations, self.done + self.speed * (now - start))
+        self.since = now
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.record.job.iterations * (1 - DONE_FRACTION)
+
+
+class Backend:
+    """The runs' processes: commands take the time a real one would, runs train and finish."""
+
+    def __init__(self, settings: LoopSettings, speed_of: Callable[[Job, int], float],
+                 launch_delay_s: Callable[[int], float], actuation: Actuation) -> None:
+        self.overhead = settings.overhead
+        self.speed_of = speed_of  # the policy's: it may change how a job trains (Pollux's batch size)
+        self.launch_delay_s = launch_delay_s  # the loop's start-cost model
+        self.actuation = actuation
+        self.rng = random.Random(actuation.seed)
+        self.processes: dict[str, Process] = {}
+        self._events: list[tuple[float, int, Event | None]] = []  # (the poll that hears of it, order, event)
+        self._order = 0
+
+    # -- time -----------------------------------------------------------------
+    def heard_at(self, when: float) -> float:
+        """The first poll at or after `when`."""
+        poll = self.actuation.poll_s
+        return math.ceil(when / poll - 1e-9) * poll
+
+    def later(self, when: float, event: Event | None) -> None:
+        """The loop hears of `event` at the first poll from `when` (None: a poll that sees progress)."""
+        self._order += 1
+        heapq.heappush(self._events, (self.heard_at(when), self._order, event))
+
+    def next_at(self) -> float | None:
+        return self._events[0][0] if self._events else None
+
+    def due(self, now: float) -> list[Event]:
+        out = []
+        while self._events and self._events[0][0] <= now + 1e-9:
+            event = heapq.heappop(self._events)[2]
+            if event is not None:
+                out.append(event)
+        return out
+
+    def _jitter(self) -> float:
+        return math.exp(self.rng.gauss(0.0, self.actuation.noise)) if self.actuation.noise else 1.0
+
+    def _slower(self) -> float:
+        return math.exp(-abs(self.rng.gauss(0.0, self.actuation.noise))) if self.actuation.noise else 1.0
+
+    # -- commands ---------------------------------------------------------------
+    def carry_out(self, command: Command, now: float) -> None:
+        process = self.processes[command.run_id]
+        process.advance(now)
+        stop_at = now + self.overhead.stop_s * self._jitter()
+        if isinstance(command, Stop):
+            process.gpus, process.productive_from, process.finish_at = (), math.inf, None
+            self.later(stop_at, Acknowledged(command.run_id, command.seq, ()))
+            self.later(stop_at, Ended(command.run_id))
+            return
+        if not command.gpus:  # parked: checkpoints at the next boundary and holds nothing once it says so
+            process.gpus, process.productive_from, process.finish_at = (), math.inf, None
+            self.later(stop_at, Acknowledged(command.run_id, command.seq, ()))
+            return
+        gpus = len(command.gpus)
+        if isinstance(command, Launch):
+            delay = self.launch_delay_s(gpus) * self._jitter()
+            process.alive, process.held = True, gpus
+            # The flow process applies its first command, then starts its ranks.
+            self.later(now + max(0.0, delay - (self.overhead(gpus) - self.overhead.stop_s)),
+                       Acknowledged(command.run_id, command.seq, command.gpus))
+        else:  # a resize: it claims the new set now, keeps the old one until it acknowledges
+            delay = self.overhead(gpus) * self._jitter()
+            process.held = len(set(command.gpus) | set(process.gpus))
+            self.later(stop_at, Acknowledged(command.run_id, command.seq, command.gpus))
+        process.gpus, process.speed = command.gpus, self.speed_of(process.record.job, gpus) * self._slower()
+        process.productive_from, process.finish_at = now + delay, None
+        self.later(process.productive_from + 1.0 / max(process.speed, 1e-9), None)  # its first iteration, seen
+        record = process.record
+        record.restarts += 1
+        record.peak_gpus = max(record.peak_gpus, gpus)
+        record.start = now if record.start is None else record.start
+
+    def acknowledged(self, event: Acknowledged, now: float) -> None:
+        process = self.processes[event.run_id]
+        process.advance(now)
+        process.held = len(event.gpus)
+
+    def observe(self, now: float) -> list[Event]:
+        """What every live run says on its channel now; the runs that finished."""
+        out: list[Event] = []
+        for run_id, process in self.processes.items():
+            if not process.alive:
+                continue
+            process.advance(now)
+            if process.finished:
+                process.alive, process.held = False, 0
+                process.record.finish = process.finish_at if process.finish_at is not None else now
+                out.append(Ended(run_id))
+                continue
+            productive = bool(process.gpus) and now >= process.productive_from
+            out.append(Progress(run_id, int(process.done), process.gpus, process.speed if productive else None))
+            if productive:  # a poll when it will be done at this speed
+                finish = now + (process.record.job.iterations - process.done) / process.speed
+                if process.finish_at is None or abs(finish - process.finish_at) > 1e-3:
+                    process.finish_at = finish
+                    self.later(finish, None)
+        return out
+
+    def in_use(self) -> int:
+        return sum(p.held for p in self.processes.values() if p.alive)
+
+    def busy(self) -> bool:
+        return bool(self._events) or any(p.alive for p in self.processes.values())
+
+
+def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSettings,
+                     actuation: Actuation = Actuation(),
+                     policy_for: Callable[[Topology], SchedulingPolicy] | None = None,
+                     on_progress: Callable[[int, int], None] | None = None) -> Run:
+    """Every job through the service's control loop; what happened to each."""
+    started = time.perf_counter()
+    loop = ControlLoop(topology, settings, policy_for)
+    policy, clock = loop.policy, loop.policy.clock
+    backend = Backend(settings, policy.speed, loop.start_cost.launch_delay_s, actuation)
+    pending = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+    records = {job.job_id: JobRecord(job, remaining=job.iterations) for job in pending}
+    for job in pending:
+        backend.processes[job.job_id] = Process(records[job.job_id], since=job.submit_time)
+    usage: list[tuple[float, int]] = []
+    next_arrival, n, steps, idle_since = 0, len(pending), 0, None
+    now = backend.heard_at(pending[0].submit_time) if pending else 0.0
+
+    while next_arrival < n or loop.runs or backend.busy():
+        steps += 1
+        events = backend.due(now)
+        while next_arrival < n and pending[next_arrival].submit_time <= now + 1e-9:
+            job = pending[next_arrival]
+            events.append(Arrived(job.job_id, job, job.submit_time))
+            next_arrival += 1
+        events += backend.observe(now)
+        actions = []
+        for event in events:
+            if isinstance(event, Acknowledged):
+                backend.acknowledged(event, now)
+            actions += loop.handle(event, now)
+        for action in actions + loop.step(now):
+            if isinstance(action, Command):
+                backend.carry_out(action, now)
+            elif isinstance(action, (Admitted, Rejected)):
+                records[action.run_id].decision = _decision(action)
+        if not usage or usage[-1][1] != backend.in_use():
+            usage.append((now, backend.in_use()))
+        if on_progress is not None:
+            on_progress(next_arrival, n)
+        if loop.runs and not backend.busy() and next_arrival >= n:
+            idle_since = now if idle_since is None else idle_since
+            if now - idle_since > IDLE_SLOTS * clock.interval:
+                raise Deadlock(f"{policy.name}: {len(loop.runs)} runs wait at t={now:.0f}s with nothing running")
+        else:
+            idle_since = None
+        candidates = [t for t in (backend.next_at(),) if t is not None]
+        if next_arrival < n:
+            candidates.append(backend.heard_at(pending[next_arrival].submit_time))
+        if loop.runs:
+            candidates.append(clock.slot_after(now + 1e-6) * clock.interval)  # the next slot's plan
+        if not candidates:
+            break
+        now = max(min(candidates), now + 1e-6)
+
+    return Run(policy.name, list(records.values()), usage, topology.num_gpus, time.perf_counter() - started, steps)
+
+
+def _decision(action: Admitted | Rejected) -> Decision:
+    """The decision as a policy's reply would say it, for the per-job tables."""
+    if isinstance(action, Admitted):
+        return Decision(job_id=action.run_id, admitted=True, guaranteed=action.guaranteed, message=action.message,
+                        share=action.share, guaranteed_finish=action.guaranteed_finish)
+    reason = next((r for r in RejectReason if r.value == action.reason.value), None)  # a service reason: none
+    return Decision(job_id=action.run_id, admitted=False, reason=reason, message=action.message,
+                    earliest_feasible_deadline=action.earliest_feasible_deadline)

@@ -4,6 +4,7 @@ on a trace, and see job by job where one differs from a reference."""
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -20,6 +21,13 @@ from scheduler_service.simulator.outcomes import (
     line_up, read_jobs_csv, read_reference, reference_ratio, write_jobs_csv, write_lined_up,
 )
 from scheduler_service.simulator.report import results_table, write_json, write_plot
+from scheduler_service.simulator.service import Actuation as Actuation_
+from scheduler_service.simulator.service import ServiceOptions
+
+
+class Actuation(str, Enum):
+    SERVICE = "service"
+    IDEAL = "ideal"
 
 console = Console(width=None if Console().is_terminal else 110)
 errors = Console(stderr=True)
@@ -74,9 +82,23 @@ def simulate(
     plot: Optional[Path] = typer.Option(None, help="Write a PNG of GPUs in use over time and deadline ratios."),
     jobs_csv: Optional[Path] = typer.Option(
         None, "--jobs-csv", help="Write one row per job and policy: decision, reason, MSS, start, finish, met."),
+    actuation: list[Actuation] = typer.Option(
+        ["service"], help="service: the service's own control loop, with a simulated backend (what the service "
+                          "would do); ideal: the bare policy with an idealised restart. Repeat for both."),
+    safety_margin: Optional[float] = typer.Option(
+        None, min=0, max=0.49, help="service: room kept in front of each deadline, a fraction of its window "
+                                     "(default: the service's own, ELASTICFLOW_SAFETY_MARGIN)"),
+    launch_s: Optional[float] = typer.Option(
+        None, min=0, help="service: a new run's start, launch to first iteration (default: learnt from the "
+                          "starts it sees, as the service does)"),
+    noise: float = typer.Option(0.0, min=0, help="service: spread of delays and speeds (lognormal sigma)"),
+    seed: int = typer.Option(0, help="service: the noise's seed"),
 ) -> None:
     """Replay a job trace against scheduling policies and compare deadline ratios."""
-    experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"), interval)
+    service = ServiceOptions(launch_s=launch_s, actuation=Actuation_(noise=noise, seed=seed),
+                             **({} if safety_margin is None else {"safety_margin": safety_margin}))
+    experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"),
+                            interval, actuations=tuple(a.value for a in actuation), service=service)
     run_experiment(experiment, policy, json_out, plot, jobs_csv)
 
 

@@ -2,9 +2,7 @@
 
 `deadline` is the user's. The plan deadline is what the policy plans
 against: earlier by the launch reserve (a new run's start costs more than
-the restart the plans charge), by the part of the slot already gone when it
-was decided (the policy plans from the slot's boundary) and by the safety
-margin. A time the policy reports (an earliest feasible deadline) goes back
+the restart the plans charge) and by the safety margin. A time the policy reports (an earliest feasible deadline) goes back
 to the user's clock with `user_deadline_for`, so that what a user is told
 is feasible when used.
 """
@@ -49,10 +47,3 @@ def user_deadline_for(plan_time: float, window_from: float, reserve_s: float,
     if margin.fraction <= 0 or margin.fraction * (floor_only - window_from) <= margin.floor_s:
         return floor_only
     return (plan_time + reserve_s - margin.fraction * window_from) / (1.0 - margin.fraction)
-
-
-def plan_deadline_mid_slot(reserve_s: float, elapsed_s: float) -> float:
-    """Planned from the slot's boundary, a run decided `elapsed_s` into the
-    slot must not be credited the part of the slot already gone: that much
-    more is kept in front of its deadline."""
-    return reserve_s + max(0.0, elapsed_s)

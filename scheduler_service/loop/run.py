@@ -69,7 +69,7 @@ class LoopRun:
         self.run_id = run_id
         self.deadline = job.deadline  # the user's
         self.taken_in_at = taken_in_at
-        self.reserve_s = reserve_s  # kept in front of it: a start's cost beyond a restart, the part of a slot gone
+        self.reserve_s = reserve_s  # kept in front of it: a new run's start beyond the restart the plans charge
         self.margin = margin
         self.job = job  # the policy's view; job.deadline is the plan deadline
         self.phase = RunPhase.ARRIVED
@@ -105,11 +105,6 @@ class LoopRun:
     def replan(self) -> None:
         """The plan deadline from the user's, after `reserve_s` or `margin` changed."""
         self.plan_with(plan_deadline_for(self.deadline, self.taken_in_at, self.reserve_s, self.margin))
-
-    def keep_in_front(self, seconds: float) -> None:
-        """Keep `seconds` more in front of its deadline (the part of a slot gone when it was decided)."""
-        self.reserve_s += max(0.0, seconds)
-        self.replan()
 
     def demote(self) -> None:
         """No longer guaranteed: planned best-effort from here on, never rejected."""
@@ -153,15 +148,19 @@ class LoopRun:
 
     # -- commands and what comes back -----------------------------------------
     def command(self, gpus: tuple[int, ...], now: float) -> int:
-        """Told to move to `gpus` (none: park); the seq of the command."""
+        """Told to move to `gpus` (none: park); the seq of the command. A start
+        not seen through to its first iteration is no measure of what a start
+        costs: a run parked before it trained would count its wait."""
         self.seq += 1
         self.pending_seq, self.commanded, self.since = self.seq, gpus, now
+        self.launched_at = None
         return self.seq
 
     def launch(self, gpus: tuple[int, ...], now: float) -> int:
         self.phase, self.held = RunPhase.RUNNING, gpus
+        seq = self.command(gpus, now)
         self.launched_at, self.launched_from = now, self.iteration
-        return self.command(gpus, now)
+        return seq
 
     def move(self, gpus: tuple[int, ...], now: float) -> int:
         """Told to move to `gpus`: it claims them now and keeps what it has until it acknowledges."""
@@ -225,17 +224,45 @@ class LoopRun:
         self.job = replace(self.job, curve=type(curve)({g: v * ratio for g, v in base.items()}))
         return True
 
-    def status(self, overhead: float, now: float, since_boundary_s: float) -> JobStatus:
-        """Where it stands for a plan starting at the current slot's boundary:
-        a plan made mid-slot credits the whole slot, so the work done since the
-        boundary is put back."""
+    def observe(self) -> bool:
+        """Once a slot: take in the speed it shows; True if that moved its curve."""
         gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
-        done = self.iteration if self.phase == RunPhase.RUNNING else 0
-        if gpus and self.reported_rate:
-            self.observe_speed(self.job.curve.speed(gpus) / self.speed_ratio)
+        if not gpus or not self.reported_rate or gpus not in self.job.curve.points:
+            return False
+        return self.observe_speed(self.job.curve.speed(gpus) / self.speed_ratio)
+
+    def slipped(self, now: float, slack_s: float) -> bool:
+        """Whether its finish, at the speed it has now, is more than `slack_s`
+        past what the last plan projected: it fell behind the plan (a start
+        slower than charged, a speed below its profile) and must be re-planned."""
+        gpus = len(self.commanded)
+        if self.phase != RunPhase.RUNNING or self.planned_finish is None or gpus not in self.job.curve.points:
+            return False
+        return now + max(0.0, self.job.iterations - self.iteration) / self.job.curve.speed(gpus) \
+            > self.planned_finish + slack_s
+
+    def planned(self, finish: float) -> None:
+        """The plan's projection of when it finishes."""
+        self.planned_finish = finish
+
+    def flag_risk(self, at_risk: bool) -> None:
+        self.at_risk = at_risk
+
+    def status(self, overhead: float, now: float, since_boundary_s: float) -> JobStatus:
+        """Where it stands for a plan starting at the current slot's boundary
+        (a plan made mid-slot counts the whole slot as usable). A running run
+        gets back the work it did since the boundary. One not running yet
+        cannot use the part of the slot gone: that costs it at most as much
+        work as its fastest width does in that time, which is added to what
+        is left, so a plan made mid-slot still holds (without it, newcomers
+        decided late in a 240 s slot outran their plans and missed)."""
+        curve = self.job.curve
+        if self.phase != RunPhase.RUNNING:
+            return JobStatus(self.job.iterations + curve.speed(curve.levels[-1]) * since_boundary_s, 0, 0.0)
+        gpus = len(self.commanded)
         overhead_left = max(0.0, overhead - (now - self.since)) if gpus else 0.0
-        credit = self.job.curve.speed(gpus) * since_boundary_s if gpus else 0.0
-        return JobStatus(max(0.0, self.job.iterations - done + credit), gpus, overhead_left)
+        credit = curve.speed(gpus) * since_boundary_s if gpus else 0.0
+        return JobStatus(max(0.0, self.job.iterations - self.iteration + credit), gpus, overhead_left)
 
     def projected_finish(self, now: float) -> float | None:
         """Its own measured rate once it has shown one for a while; until then

@@ -4,8 +4,8 @@ The plans charge a restart per start; a new run's start (a flow process,
 imports, ranks) costs more, and the difference is kept in front of its
 deadline (the launch reserve). Unless the operator set it, the reserve grows
 to the longest of the last ten starts. The simulator's backend takes its
-launch and restart delays from this same model, so a simulated start costs
-what the service plans for.
+launch delay from the same `launch_s`, so a simulated start costs what the
+service expects of one.
 """
 
 from __future__ import annotations
@@ -44,11 +44,6 @@ class StartCost:
     def startup_s(self) -> float:
         """About how long a run takes here from launch to its first iteration."""
         return self.reserve() + self.restart_cost(1)
-
-    def launch_delay_s(self, gpus: int) -> float:
-        """What a new run's start costs on `gpus` GPUs as this model has it:
-        at least the restart the plans charge."""
-        return max(self.launch_s, self.restart_cost(max(1, gpus)))
 
     def started(self, took_s: float, gpus: int) -> SlowStart | None:
         """A run reached its first iteration `took_s` after its launch; a

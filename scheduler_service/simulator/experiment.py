@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
 from scheduler_service.simulator.inputs import InputError, load_cluster, load_throughputs, load_trace
-from scheduler_service.simulator.metrics import PolicyResult, summarize
+from scheduler_service.simulator.metrics import Actuation, PolicyResult, summarize
 from scheduler_service.simulator.options import policy_options
+from scheduler_service.simulator.service import ServiceOptions, simulate_service
 
 
 def data_dir() -> Path:
@@ -35,10 +37,15 @@ def resolve(path: str | Path, kind: str) -> Path:
 
 @dataclass
 class Experiment:
+    """Policies on one trace and cluster: through the service's control loop
+    (`service`, what the service would do) or as the bare policy (`ideal`)."""
+
     trace: Path
     cluster: Path
     throughputs: Path
     interval: float = 60.0
+    actuations: Sequence[Actuation] = ("service",)
+    service: ServiceOptions = field(default_factory=ServiceOptions)
 
     def run(
         self, policies: Sequence[str], on_progress: Callable[[str, int, int], None] | None = None
@@ -50,10 +57,19 @@ class Experiment:
         jobs = load_trace(self.trace, curves)
         runs, results = [], []
         for name in policies:
-            policy = make_policy(name, topology, self.interval, **policy_options(name, self.throughputs))
-            progress = None if on_progress is None else (lambda done, total, n=name: on_progress(n, done, total))
-            run = simulate(jobs, policy, progress)
-            runs.append(run)
-            result = summarize(run, self.trace.stem, self.cluster.stem, self.interval)
-            results.append(result.model_copy(update={"note": getattr(policy, "note", None) or None}))
+            options = policy_options(name, self.throughputs)
+            for actuation in self.actuations:
+                label = name if len(self.actuations) == 1 else f"{name} ({actuation})"
+                progress = None if on_progress is None else (lambda done, total, n=label: on_progress(n, done, total))
+                if actuation == "ideal":
+                    policy = make_policy(name, topology, self.interval, overhead=PAPER_OVERHEAD, **options)
+                    run = simulate(jobs, policy, progress)
+                else:  # the cluster of a trace never changes: the loop plans with this very policy
+                    settings = self.service.loop(name, self.interval)
+                    policy = make_policy(name, topology, self.interval, overhead=settings.charged, **options)
+                    run = simulate_service(jobs, topology, settings, self.service.actuation, lambda _, p=policy: p,
+                                           progress)
+                runs.append(run)
+                result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
+                results.append(result.model_copy(update={"note": getattr(policy, "note", None) or None}))
         return runs, results

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel
 
 from scheduler_service.simulator.engine import Run
 
+Actuation = Literal["service", "ideal"]  # the service's control loop, or the bare policy (engine.py)
+
 
 class PolicyResult(BaseModel):
     policy: str
+    actuation: Actuation = "ideal"
     trace: str = ""
     cluster: str = ""
     interval_s: float = 60.0
@@ -29,7 +34,8 @@ class PolicyResult(BaseModel):
     note: str | None = None  # what the policy wants readers to know (e.g. a fallback it used)
 
 
-def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 60.0) -> PolicyResult:
+def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 60.0,
+              actuation: Actuation = "ideal") -> PolicyResult:
     records = run.records
     deadline = [r for r in records if r.job.deadline is not None]
     admitted = [r for r in records if r.decision is not None and r.decision.admitted]
@@ -43,7 +49,7 @@ def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 
     makespan = max(end - start, 1e-9)
     held = sum(r.gpu_seconds for r in records)
     return PolicyResult(
-        policy=run.policy, trace=trace, cluster=cluster, interval_s=interval_s,
+        policy=run.policy, actuation=actuation, trace=trace, cluster=cluster, interval_s=interval_s,
         jobs=len(records), deadline_jobs=len(deadline), best_effort_jobs=len(records) - len(deadline),
         met_deadline=met, deadline_ratio=met / len(deadline) if deadline else 1.0,
         admitted=len(admitted), rejected=len(rejected), admitted_missed=admitted_missed,

@@ -16,13 +16,13 @@ from scheduler_service.simulator.metrics import PolicyResult
 
 def results_table(results: Sequence[PolicyResult], title: str = "") -> Table:
     table = Table(title=title or None)
-    for name, justify in [("policy", "left"), ("ratio", "right"), ("met", "right"),
+    for name, justify in [("policy", "left"), ("actuation", "left"), ("ratio", "right"), ("met", "right"),
                           ("admit", "right"), ("reject", "right"), ("adm.miss", "right"),
                           ("JCT h", "right"), ("util", "right"), ("wall s", "right")]:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
         table.add_row(
-            r.policy, f"{r.deadline_ratio:.3f}", f"{r.met_deadline}/{r.deadline_jobs}", str(r.admitted),
+            r.policy, r.actuation, f"{r.deadline_ratio:.3f}", f"{r.met_deadline}/{r.deadline_jobs}", str(r.admitted),
             str(r.rejected), str(r.admitted_missed),
             "-" if r.avg_jct_s is None else f"{r.avg_jct_s / 3600:.2f}", f"{r.gpu_utilization:.2f}",
             f"{r.wall_s:.2f}",

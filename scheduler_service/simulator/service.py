@@ -33,6 +33,7 @@ from scheduler_service.loop import ControlLoop, LoopSettings
 from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Rescale, Stop
 from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
 from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
+from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead
 from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run
 
 IDLE_SLOTS = 1000  # slots with runs waiting and nothing in flight or to come: a deadlock
@@ -46,6 +47,28 @@ class Actuation(BaseModel):
     poll_s: float = Field(1.0, gt=0, description="the worker's poll: the loop hears of an event this late at most")
     noise: float = Field(0.0, ge=0, description="spread of delays and speeds (lognormal sigma); 0: exact")
     seed: int = 0
+
+
+def service_safety_margin() -> float:
+    """The service's own default (ELASTICFLOW_SAFETY_MARGIN), so that a
+    simulation of the service plans as the service does unless told otherwise."""
+    from scheduler_service.worker.settings import WorkerSettings
+
+    return float(WorkerSettings.model_fields["safety_margin"].default)
+
+
+class ServiceOptions(BaseModel):
+    """The service's settings a simulation of it takes: its loop's and its backend's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    safety_margin: float = Field(default_factory=service_safety_margin, ge=0, lt=0.5)
+    launch_s: float | None = Field(None, ge=0, description="a new run's start; None: learnt, as the service does")
+    actuation: Actuation = Actuation()
+
+    def loop(self, policy: str, interval_s: float, overhead: RestartOverhead = PAPER_OVERHEAD) -> LoopSettings:
+        return LoopSettings(policy=policy, interval_s=interval_s, overhead=overhead, poll_s=self.actuation.poll_s,
+                            launch_s=self.launch_s, safety_margin=self.safety_margin)
 
 
 @dataclass(slots=True)
@@ -80,14 +103,15 @@ class Process:
 class Backend:
     """The runs' processes: commands take the time a real one would, runs train and finish."""
 
-    def __init__(self, settings: LoopSettings, speed_of: Callable[[Job, int], float],
-                 launch_delay_s: Callable[[int], float], actuation: Actuation) -> None:
-        self.overhead = settings.overhead
+    def __init__(self, settings: LoopSettings, speed_of: Callable[[Job, int], float], launch_s: float,
+                 actuation: Actuation) -> None:
+        self.overhead = settings.overhead  # a run's own restart, as it really takes (the plans charge more)
         self.speed_of = speed_of  # the policy's: it may change how a job trains (Pollux's batch size)
-        self.launch_delay_s = launch_delay_s  # the loop's start-cost model
+        self.launch_s = launch_s  # the start-cost model's: a new run takes at least this to train
         self.actuation = actuation
         self.rng = random.Random(actuation.seed)
         self.processes: dict[str, Process] = {}
+        self.alive: dict[str, Process] = {}  # launched and not ended: the only ones that change
         self._events: list[tuple[float, int, Event | None]] = []  # (the poll that hears of it, order, event)
         self._order = 0
 
@@ -128,6 +152,8 @@ class Backend:
             process.gpus, process.productive_from, process.finish_at = (), math.inf, None
             self.later(stop_at, Acknowledged(command.run_id, command.seq, ()))
             self.later(stop_at, Ended(command.run_id))
+            process.alive = False
+            self.alive.pop(command.run_id, None)
             return
         if not command.gpus:  # parked: checkpoints at the next boundary and holds nothing once it says so
             process.gpus, process.productive_from, process.finish_at = (), math.inf, None
@@ -135,8 +161,9 @@ class Backend:
             return
         gpus = len(command.gpus)
         if isinstance(command, Launch):
-            delay = self.launch_delay_s(gpus) * self._jitter()
+            delay = max(self.launch_s, self.overhead(gpus)) * self._jitter()
             process.alive, process.held = True, gpus
+            self.alive[command.run_id] = process
             # The flow process applies its first command, then starts its ranks.
             self.later(now + max(0.0, delay - (self.overhead(gpus) - self.overhead.stop_s)),
                        Acknowledged(command.run_id, command.seq, command.gpus))
@@ -160,17 +187,16 @@ class Backend:
     def observe(self, now: float) -> list[Event]:
         """What every live run says on its channel now; the runs that finished."""
         out: list[Event] = []
-        for run_id, process in self.processes.items():
-            if not process.alive:
-                continue
+        for run_id, process in list(self.alive.items()):
             process.advance(now)
             if process.finished:
                 process.alive, process.held = False, 0
+                del self.alive[run_id]
                 process.record.finish = process.finish_at if process.finish_at is not None else now
                 out.append(Ended(run_id))
                 continue
             productive = bool(process.gpus) and now >= process.productive_from
-            out.append(Progress(run_id, int(process.done), process.gpus, process.speed if productive else None))
+            out.append(Progress(run_id, int(process.done + 1e-6), process.gpus, process.speed if productive else None))
             if productive:  # a poll when it will be done at this speed
                 finish = now + (process.record.job.iterations - process.done) / process.speed
                 if process.finish_at is None or abs(finish - process.finish_at) > 1e-3:
@@ -179,10 +205,10 @@ class Backend:
         return out
 
     def in_use(self) -> int:
-        return sum(p.held for p in self.processes.values() if p.alive)
+        return sum(p.held for p in self.alive.values())
 
     def busy(self) -> bool:
-        return bool(self._events) or any(p.alive for p in self.processes.values())
+        return bool(self._events) or bool(self.alive)
 
 
 def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSettings,
@@ -193,7 +219,7 @@ def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSett
     started = time.perf_counter()
     loop = ControlLoop(topology, settings, policy_for)
     policy, clock = loop.policy, loop.policy.clock
-    backend = Backend(settings, policy.speed, loop.start_cost.launch_delay_s, actuation)
+    backend = Backend(settings, policy.speed, loop.start_cost.launch_s, actuation)
     pending = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
     records = {job.job_id: JobRecord(job, remaining=job.iterations) for job in pending}
     for job in pending:

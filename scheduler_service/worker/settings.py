@@ -92,7 +92,8 @@ class WorkerSettings(BaseSettings):
         plus half a second to stop, the same at every width (one machine)."""
         return LoopSettings(policy=self.policy, interval_s=self.interval_s,
                             overhead=RestartOverhead(stop_s=0.5, restart_s=self.restart_s, per_level_s=0.0),
-                            launch_s=self.launch_s, safety_margin=self.safety_margin, at_risk_s=self.at_risk_s)
+                            poll_s=self.effective_poll_s, launch_s=self.launch_s,
+                            safety_margin=self.safety_margin, at_risk_s=self.at_risk_s)
 
     @property
     def effective_poll_s(self) -> float:

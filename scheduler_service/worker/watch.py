@@ -25,6 +25,7 @@ from uuid import UUID
 from prefect.states import Cancelled
 
 from scheduler_service.worker.backend import ExecutionBackend
+from scheduler_service.worker.cancellation import StopStep
 
 log = logging.getLogger("prefect.workers.elasticflow.stopping")  # shown with the worker's own lines
 
@@ -120,12 +121,13 @@ class PrefectWatch:
             except Exception:  # one run's trouble must not stop the poll
                 log.exception("could not stop cancelled flow run %s", run_id)
                 continue
-            if step == "stop":
+            if step is StopStep.STOP:
                 log.info("flow run %s is Cancelling and Prefect's worker does not stop it: told it to stop", run_id)
                 stop.append(run_id)
-            elif step in ("terminated", "killed"):
-                log.warning("flow run %s is Cancelling and did not stop when told: %s its process", run_id, step)
-            elif step == "gone" and running[run_id]:
+            elif step in (StopStep.TERMINATED, StopStep.KILLED):
+                log.warning("flow run %s is Cancelling and did not stop when told: %s its process", run_id,
+                            step.value)
+            elif step is StopStep.GONE and running[run_id]:
                 gone.append(run_id)
         return stop, gone
 

@@ -14,9 +14,10 @@ from scheduler_service.policy.overhead import RestartOverhead
 A = TypeVar("A")
 T0 = 1000.0
 CURVE = ThroughputCurve({1: 20.0, 2: 36.0})
-# A slot of 2 s and a 1 s restart (0.5 s to stop): the service's shape, shrunk.
-SETTINGS = LoopSettings(policy="elasticflow", interval_s=2.0, overhead=RestartOverhead(0.5, 0.5, 0.0),
-                        launch_s=1.0)
+# A slot of 2 s and a 1 s restart charged (a 0.25 s stop, the previous
+# holder's 0.25 s stop, 0.5 s to start; no poll): the service's shape, shrunk.
+SETTINGS = LoopSettings(policy="elasticflow", interval_s=2.0, overhead=RestartOverhead(0.25, 0.5, 0.0),
+                        poll_s=0.0, launch_s=1.0)
 
 
 def job(run_id: str, submit: float, iterations: float, deadline: float | None,

@@ -11,7 +11,6 @@ import pytest
 from scheduler_service.loop.deadlines import (
     SafetyMargin,
     plan_deadline_for,
-    plan_deadline_mid_slot,
     user_deadline_for,
 )
 from scheduler_service.loop.run import LoopRun
@@ -45,14 +44,13 @@ def test_a_run_uses_no_more_gpus_than_its_batch_has_samples() -> None:
     assert usable_points({1: 10.0, 2: 19.0, 4: 35.0, 8: 0.0}, batch_size=2, max_job_gpus=8) == {1: 10.0, 2: 19.0}
 
 
-def test_the_launch_reserve_the_margin_and_the_mid_slot_correction_move_only_the_plan_deadline(
+def test_the_launch_reserve_and_the_margin_move_only_the_plan_deadline(
         tmp_path: object) -> None:
     margin = SafetyMargin(fraction=0.05, floor_s=2.0)
     assert plan_deadline_for(None, NOW, 12.0, margin) is None
     assert plan_deadline_for(NOW + 600, NOW, 12.0) == NOW + 588
     assert plan_deadline_for(NOW + 600, NOW, 12.0, margin) == NOW + 600 - 12 - 30  # 5% of a 10-minute window
     assert plan_deadline_for(NOW + 20, NOW, 12.0, margin) == NOW + 20 - 12 - 2  # at least a slot
-    assert plan_deadline_mid_slot(12.0, 0.0) == 12.0 and plan_deadline_mid_slot(12.0, 1.5) == 13.5
     for deadline in (NOW + 20, NOW + 600, NOW + 86400):  # the inverse, on both sides of the floor
         plan = plan_deadline_for(deadline, NOW, 12.0, margin)
         assert plan is not None and abs(user_deadline_for(plan, NOW, 12.0, margin) - deadline) < 1e-6
@@ -62,8 +60,6 @@ def test_the_launch_reserve_the_margin_and_the_mid_slot_correction_move_only_the
     assert taken_in.deadline == NOW + 600 and event.job.deadline == NOW + 600  # the loop gets the user's
     run = LoopRun("r", event.job, event.at, reserve_s=12.0, margin=margin)  # as the loop takes it in
     assert run.deadline == NOW + 600 and run.plan_deadline == NOW + 558
-    run.keep_in_front(2.0)
-    assert run.plan_deadline == NOW + 556 and run.deadline == NOW + 600
     later = plan_deadline_for(NOW + 1000, NOW, run.reserve_s, margin)
     assert later is not None and abs(run.to_user_time(later) - (NOW + 1000)) < 1e-6  # earliest deadlines, told right
 

@@ -66,8 +66,9 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
 
     stack.wait_until(iteration, 150, "the first run to train")
     assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots, where it was placed
-    # The stack charges 1 s per start; a real flow start takes several: the worker says so.
-    stack.wait_until(lambda: "from launch to its first iteration; plans charge 1.0 s" in
+    # The stack charges 2.5 s per start (0.5 s to restart, two 0.5 s stops, a poll); a real flow start
+    # takes several: the worker says so.
+    stack.wait_until(lambda: "from launch to its first iteration; plans charge 2.5 s" in
                      stack.worker_log.read_text(), 30, "the start-cost warning")
     assert _allocations(stack, first)[0] == ("launch", "0,1")
     run = stack.flow_run(first)

@@ -1,0 +1,98 @@
+"""When the loop asks the policy: at once for arrivals, and at a slot
+boundary only when something the last plan rested on changed, as the
+simulator's ideal engine does; never at a boundary where nothing did."""
+
+from __future__ import annotations
+
+from scheduler_service.loop.actions import Admitted
+from scheduler_service.loop.events import Ended
+from scheduler_service.policy import ThroughputCurve
+from tests.loop.driver import T0, Driver, job
+
+CURVE = ThroughputCurve({1: 10.0, 2: 19.0})
+
+
+def _counted(d: Driver) -> list[float]:
+    """The times the loop's policy is asked."""
+    calls: list[float] = []
+    schedule = d.loop.policy.schedule
+
+    def counting(request):  # type: ignore[no-untyped-def]
+        calls.append(request.now)
+        return schedule(request)
+
+    d.loop.policy.schedule = counting  # type: ignore[method-assign]
+    return calls
+
+
+def _training(d: Driver, run_id: str, start: float, until: float, rate: float = 19.0) -> None:
+    """It reports progress at `rate` every poll from `start` to `until`, and the loop is stepped."""
+    now = start
+    while now < until:
+        d.report(run_id, now, int((now - start) * rate), d.commands[run_id].gpus, rate=rate)
+        d.step(now)
+        now += 1.0
+
+
+def test_a_run_on_its_plan_is_not_re_planned_at_every_slot() -> None:
+    d = Driver()
+    calls = _counted(d)
+    d.arrive(job("a", T0, 19 * 100, T0 + 600, CURVE))
+    d.step(T0)
+    d.ack("a", T0)
+    _training(d, "a", T0, T0 + 60)
+    assert calls == [T0]  # 30 slot boundaries, nothing changed: no call
+
+
+def test_an_end_is_planned_at_the_next_slot_and_an_arrival_at_once() -> None:
+    d = Driver()
+    calls = _counted(d)
+    d.arrive(job("a", T0, 19 * 100, T0 + 600, CURVE))
+    d.arrive(job("b", T0, 10 * 300, T0 + 600, CURVE))
+    d.step(T0)
+    d.handle(Ended("b"), T0 + 0.5)
+    d.step(T0 + 1)
+    assert calls == [T0]  # mid-slot: the end waits for the boundary
+    d.step(T0 + 2)
+    assert calls == [T0, T0 + 2]
+    d.arrive(job("c", T0 + 2.5, 100, T0 + 600, CURVE))
+    assert "c" in d.new(d.step(T0 + 2.5), Admitted) and calls == [T0, T0 + 2, T0 + 2.5]
+
+
+def test_a_run_that_falls_a_slot_behind_its_plan_is_re_planned() -> None:
+    d = Driver()
+    calls = _counted(d)
+    d.arrive(job("a", T0, 19 * 100, T0 + 600, CURVE))
+    d.step(T0)
+    d.ack("a", T0)
+    _training(d, "a", T0, T0 + 20, rate=0.0)  # stuck: no iteration for 20 s, its rate unknown
+    assert len(calls) > 1 and calls[1] <= T0 + 6  # a slot (2 s) of work behind, and a plan soon after
+
+
+def test_a_run_slower_than_its_profile_is_re_planned_with_its_speed() -> None:
+    d = Driver()
+    calls = _counted(d)
+    d.arrive(job("a", T0, 19 * 1000, T0 + 6000, CURVE))
+    d.step(T0)
+    d.ack("a", T0)
+    _training(d, "a", T0, T0 + 10, rate=9.5)  # half its profile
+    assert len(calls) > 1 and d.loop.runs["a"].speed_ratio < 0.9
+
+
+def test_the_policy_is_asked_again_when_it_asked_to_be_woken() -> None:
+    """A plan that widens later (or a baseline's time slice) asks to be woken: then, and not before."""
+    d = Driver()
+    calls = _counted(d)
+    schedule = d.loop.policy.schedule
+
+    def waking(request):  # type: ignore[no-untyped-def]
+        reply = schedule(request)
+        reply.wake_at = T0 + 20 if request.now < T0 + 20 else None
+        return reply
+
+    d.loop.policy.schedule = waking  # type: ignore[method-assign]
+    d.arrive(job("a", T0, 19 * 100, T0 + 600, CURVE))
+    d.step(T0)
+    d.ack("a", T0)
+    _training(d, "a", T0, T0 + 40)
+    assert calls == [T0, T0 + 20]

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler_service.loop import ControlLoop, LoopSettings
-from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Rescale, Stop
+from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Stop
 from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
 from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
 from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from scheduler_service.policy import Job, Topology
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
@@ -35,6 +36,23 @@ def resolve(path: str | Path, kind: str) -> Path:
     return given  # let the loader report it, naming what was asked for
 
 
+def simulate_policy(jobs: Sequence[Job], topology: Topology, name: str, interval: float, throughputs: Path,
+                    actuation: Actuation, service: ServiceOptions | None = None,
+                    on_progress: Callable[[int, int], None] | None = None) -> tuple[Run, str | None]:
+    """One policy over the jobs, through the service's loop or bare; and
+    what the policy wants readers to know (a fallback it used)."""
+    options = policy_options(name, throughputs)
+    if actuation == "ideal":
+        policy = make_policy(name, topology, interval, overhead=PAPER_OVERHEAD, **options)
+        return simulate(jobs, policy, on_progress), getattr(policy, "note", None) or None
+    service = service or ServiceOptions()
+    settings = service.loop(name, interval)
+    policy = make_policy(name, topology, interval, overhead=settings.charged, **options)
+    # The cluster of a trace never changes: the loop plans with this very policy.
+    run = simulate_service(jobs, topology, settings, service.actuation, lambda _: policy, on_progress)
+    return run, getattr(policy, "note", None) or None
+
+
 @dataclass
 class Experiment:
     """Policies on one trace and cluster: through the service's control loop
@@ -57,19 +75,12 @@ class Experiment:
         jobs = load_trace(self.trace, curves)
         runs, results = [], []
         for name in policies:
-            options = policy_options(name, self.throughputs)
             for actuation in self.actuations:
                 label = name if len(self.actuations) == 1 else f"{name} ({actuation})"
                 progress = None if on_progress is None else (lambda done, total, n=label: on_progress(n, done, total))
-                if actuation == "ideal":
-                    policy = make_policy(name, topology, self.interval, overhead=PAPER_OVERHEAD, **options)
-                    run = simulate(jobs, policy, progress)
-                else:  # the cluster of a trace never changes: the loop plans with this very policy
-                    settings = self.service.loop(name, self.interval)
-                    policy = make_policy(name, topology, self.interval, overhead=settings.charged, **options)
-                    run = simulate_service(jobs, topology, settings, self.service.actuation, lambda _, p=policy: p,
-                                           progress)
+                run, note = simulate_policy(jobs, topology, name, self.interval, self.throughputs, actuation,
+                                            self.service, progress)
                 runs.append(run)
                 result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
-                results.append(result.model_copy(update={"note": getattr(policy, "note", None) or None}))
+                results.append(result.model_copy(update={"note": note}))
         return runs, results

@@ -19,7 +19,7 @@ from scheduler_service.policy.registry import POLICIES
 from scheduler_service.simulator.bound import BoundResult, deadline_ratio_bound
 from scheduler_service.simulator.experiment import data_dir
 from scheduler_service.simulator.inputs import load_cluster, load_throughputs, load_trace
-from scheduler_service.simulator.metrics import PolicyResult
+from scheduler_service.simulator.metrics import Actuation, PolicyResult
 from scheduler_service.simulator.report import write_atomically
 
 # The schedulers ElasticFlow is compared with (its own ablations excluded).
@@ -35,6 +35,13 @@ ITP_AUTHORS_128 = {4: .194, 6: .568, 7: .381, 10: .973}
 def our_policies() -> list[str]:
     """ElasticFlow and, once registered, its overload variant: the policies this project proposes."""
     return [p for p in ("elasticflow", "elasticflow-overload") if p in POLICIES]
+
+
+def actuations(policy: str) -> tuple[Actuation, ...]:
+    """Ours run through the service's own loop (the figure of the system that
+    runs) and bare (the policy alone, as the authors' simulator measures it);
+    baselines bare, as the authors ran them."""
+    return ("service", "ideal") if policy in our_policies() else ("ideal",)
 
 
 class Case(BaseModel):
@@ -104,18 +111,16 @@ def _inputs(case_json: str):
     return jobs, load_cluster(data / "clusters" / f"{case.cluster}.csv")
 
 
-def _simulate(case_json: str, policy: str) -> PolicyResult:
-    from scheduler_service.policy.registry import make_policy
-    from scheduler_service.simulator.engine import simulate
+def _simulate(case_json: str, policy: str, actuation: Actuation) -> PolicyResult:
+    from scheduler_service.simulator.experiment import simulate_policy
     from scheduler_service.simulator.metrics import summarize
-    from scheduler_service.simulator.options import policy_options
 
     case = Case.model_validate_json(case_json)
     jobs, topology = _inputs(case_json)
-    options = policy_options(policy, data_dir() / "throughputs" / case.gpu)
-    instance = make_policy(policy, topology, case.interval, **options)
-    result = summarize(simulate(jobs, instance), case.trace, case.cluster, case.interval)
-    return result.model_copy(update={"note": getattr(instance, "note", None) or None})
+    run, note = simulate_policy(jobs, topology, policy, case.interval, data_dir() / "throughputs" / case.gpu,
+                                actuation)
+    result = summarize(run, case.trace, case.cluster, case.interval, actuation)
+    return result.model_copy(update={"note": note})
 
 
 def _bound(case_json: str) -> BoundResult:
@@ -130,45 +135,48 @@ def run_comparison(
     import time
 
     started = time.perf_counter()
-    tasks: list[tuple[str, Case, str | None]] = []
+    tasks: list[tuple[Case, str | None, Actuation | None]] = []
     for case in cases:
         for policy in case.policies or list(POLICIES):
-            tasks.append(("simulate", case, policy))
-        tasks.append(("bound", case, None))
-    # Biggest traces first, so the two workers finish together.
-    tasks.sort(key=lambda t: -(data_dir() / "traces" / f"{t[1].trace}.csv").stat().st_size)
-    results: dict[tuple[str, str], PolicyResult] = {}
+            tasks += [(case, policy, actuation) for actuation in actuations(policy)]
+        tasks.append((case, None, None))  # the bound
+    # Biggest traces first, the service's loop before the bare policy, so the two workers finish together.
+    tasks.sort(key=lambda t: (-(data_dir() / "traces" / f"{t[0].trace}.csv").stat().st_size, t[2] != "service"))
+    results: dict[tuple[str, str, Actuation], PolicyResult] = {}
     bounds: dict[str, BoundResult] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {}
-        for kind, case, policy in tasks:
+        for case, policy, actuation in tasks:
             payload = case.model_dump_json()
-            fut = pool.submit(_simulate, payload, policy) if kind == "simulate" else pool.submit(_bound, payload)
-            futures[fut] = (kind, case, policy)
+            fut = pool.submit(_bound, payload) if policy is None else pool.submit(_simulate, payload, policy, actuation)
+            futures[fut] = (case, policy, actuation)
         for done, fut in enumerate(as_completed(futures), start=1):
-            kind, case, policy = futures[fut]
-            if kind == "simulate":
-                results[(case.key, policy)] = fut.result()  # type: ignore[index]
+            case, policy, actuation = futures[fut]
+            if policy is not None and actuation is not None:
+                results[(case.key, policy, actuation)] = fut.result()  # type: ignore[assignment]
             else:
-                bounds[case.key] = fut.result()
+                bounds[case.key] = fut.result()  # type: ignore[assignment]
             if on_progress is not None:
-                on_progress(f"{case.key} {policy or 'bound'}", done, len(futures))
-    ordered = [results[(c.key, p)] for c in cases for p in (c.policies or list(POLICIES))]
+                what = f"{policy} ({actuation})" if policy else "bound"
+                on_progress(f"{case.key} {what}", done, len(futures))
+    ordered = [results[(c.key, p, a)] for c in cases for p in (c.policies or list(POLICIES)) for a in actuations(p)]
     return Report(results=ordered, bounds=bounds, cases=list(cases), headline=_headline(cases, results),
                   wall_s=time.perf_counter() - started)
 
 
-def _headline(cases: Sequence[Case], results: dict[tuple[str, str], PolicyResult]) -> dict[str, dict[str, float | str]]:
+def _headline(cases: Sequence[Case], results: dict[tuple[str, str, Actuation], PolicyResult]
+              ) -> dict[str, dict[str, float | str]]:
+    """ElasticFlow as the service runs it, against the best baseline bare."""
     out: dict[str, dict[str, float | str]] = {}
     for case in cases:
-        ef = results.get((case.key, "elasticflow"))
+        ef = results.get((case.key, "elasticflow", "service"))
         # Pollux without goodput data is only an elastic throughput maximizer; the paper
         # compares it on the T4 trace alone, and so does the headline.
-        names = [b for b in BASELINES if (case.key, b) in results and not (b == "pollux" and case.gpu != "T4")]
+        names = [b for b in BASELINES if (case.key, b, "ideal") in results and not (b == "pollux" and case.gpu != "T4")]
         if ef is None or not names:
             continue
-        best = max(names, key=lambda b: results[(case.key, b)].deadline_ratio)
-        ratio = results[(case.key, best)].deadline_ratio
+        best = max(names, key=lambda b: results[(case.key, b, "ideal")].deadline_ratio)
+        ratio = results[(case.key, best, "ideal")].deadline_ratio
         out[case.key] = {"elasticflow": ef.deadline_ratio, "best_baseline": best, "best_baseline_ratio": ratio,
                          "improvement": ef.deadline_ratio / ratio if ratio > 0 else float("inf")}
     return out
@@ -192,26 +200,40 @@ def _cell(result: PolicyResult | None, ref: float | None) -> str:
     return text + (f" ({ref:.3f})" if ref is not None else "")
 
 
+def columns(report: Report) -> list[tuple[str, Actuation]]:
+    """(policy, actuation) of every result, in registry order, the service's loop first."""
+    present = {(r.policy, r.actuation) for r in report.results}
+    return [(p, a) for p in POLICIES for a in ("service", "ideal") if (p, a) in present]
+
+
+def label(policy: str, actuation: Actuation) -> str:
+    return f"{policy} ({actuation})" if policy in our_policies() else policy
+
+
 def markdown(report: Report) -> str:
-    by = {(r.trace, r.cluster, r.policy): r for r in report.results}
-    policies = [p for p in POLICIES if any(r.policy == p for r in report.results)]
+    by = {(r.trace, r.cluster, r.policy, r.actuation): r for r in report.results}
+    shown = columns(report)
     lines = [
         "Deadline satisfactory ratio, ours (reference in brackets: the authors' simulator or the paper). "
-        "`bound` is the LP upper bound for any scheduler. ITP clusters at the paper's sizes (n32g8, n64g8, "
-        "n128g8): brackets are the paper's plot; on n16g8 (128 GPUs): the authors' simulator run on the same files.", "",
-        "| trace | cluster | " + " | ".join(policies) + " | bound |",
-        "|---|---|" + "---|" * (len(policies) + 1),
+        "`(service)`: the service's own control loop with a simulated backend; `(ideal)`: the bare policy; "
+        "baselines are bare. `bound` is the LP upper bound for any scheduler. ITP clusters at the paper's sizes "
+        "(n32g8, n64g8, n128g8): brackets are the paper's plot; on n16g8 (128 GPUs): the authors' simulator run "
+        "on the same files.", "",
+        "| trace | cluster | " + " | ".join(label(p, a) for p, a in shown) + " | bound |",
+        "|---|---|" + "---|" * (len(shown) + 1),
     ]
     for case in report.cases:
-        cells = [_cell(by.get((case.trace, case.cluster, p)), case.references.get(p)) for p in policies]
+        cells = [_cell(by.get((case.trace, case.cluster, p, a)), case.references.get(p)) for p, a in shown]
         bound = report.bounds.get(case.key)
         lines.append(f"| {case.trace} | {case.cluster} | " + " | ".join(cells) + (f" | {bound.bound:.3f} |" if bound else " | |"))
     lines += ["", "| case | ElasticFlow | best baseline | its ratio | ElasticFlow / best |", "|---|---|---|---|---|"]
     for key, h in report.headline.items():
         lines.append(f"| {key} | {h['elasticflow']:.3f} | {h['best_baseline']} | {h['best_baseline_ratio']:.3f} | "
                      f"{h['improvement']:.2f}x |")
-    missed = [r for r in report.results if r.policy == "elasticflow" and r.admitted_missed]
-    lines += ["", f"ElasticFlow jobs admitted but late: {sum(r.admitted_missed for r in missed)} across all cases.",
+    missed = {a: sum(r.admitted_missed for r in report.results if r.policy in our_policies() and r.actuation == a)
+              for a in ("service", "ideal")}
+    lines += ["", f"Jobs our policies admitted that missed their deadline, across all cases: {missed['service']} "
+                  f"through the service's loop, {missed['ideal']} bare.",
               f"Wall time of the whole comparison: {report.wall_s:.0f} s.", ""]
     return "\n".join(lines)
 
@@ -222,17 +244,18 @@ def _plot_ratios(report: Report, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {(r.trace, r.cluster, r.policy): r for r in report.results}
-    policies = [p for p in POLICIES if any(r.policy == p for r in report.results)]
+    by = {(r.trace, r.cluster, r.policy, r.actuation): r for r in report.results}
+    shown = columns(report)
     cases = [c for c in report.cases if not c.group.startswith("itp")]
     itp_groups = [g for g in ITP_TITLES if any(c.group == g for c in report.cases)]
     fig, axes = plt.subplots(1 + len(itp_groups), 1, figsize=(13, 4.5 + 3.5 * len(itp_groups)), squeeze=False)
     ax = axes[0][0]
-    width = 0.8 / max(len(policies), 1)
-    for i, policy in enumerate(policies):
-        xs = [k + i * width for k, c in enumerate(cases) if (c.trace, c.cluster, policy) in by]
-        ys = [by[(c.trace, c.cluster, policy)].deadline_ratio for c in cases if (c.trace, c.cluster, policy) in by]
-        ax.bar(xs, ys, width, label=policy, color=f"C{i}")
+    width = 0.8 / max(len(shown), 1)
+    for i, (policy, actuation) in enumerate(shown):
+        there = [(k, c) for k, c in enumerate(cases) if (c.trace, c.cluster, policy, actuation) in by]
+        ax.bar([k + i * width for k, _ in there], [by[(c.trace, c.cluster, policy, actuation)].deadline_ratio
+                                                  for _, c in there], width, label=label(policy, actuation),
+               color=f"C{i}")
     for k, c in enumerate(cases):
         if c.key in report.bounds:
             ax.hlines(report.bounds[c.key].bound, k - width / 2, k + 0.8 - width / 2, colors="black",
@@ -256,12 +279,13 @@ ITP_TITLES = {"itp": ("the paper", "ITP clusters at the paper's sizes"),
 
 def _plot_itp(ax, cases: Sequence[Case], by: dict, bounds: dict[str, BoundResult], group: str) -> None:
     """Each of our policies beside the reference figure and the bound, one cluster a group of bars."""
-    ours = [p for p in POLICIES if any((c.trace, c.cluster, p) in by for c in cases) and p != "edf"]
+    ours = [(p, a) for p in our_policies() for a in actuations(p)
+            if any((c.trace, c.cluster, p, a) in by for c in cases)]
     width = 0.8 / (len(ours) + 1)
-    for i, policy in enumerate(ours):
+    for i, (policy, actuation) in enumerate(ours):
         ax.bar([k + i * width for k in range(len(cases))],
-               [by[(c.trace, c.cluster, policy)].deadline_ratio if (c.trace, c.cluster, policy) in by else 0
-                for c in cases], width, label=f"{policy} (ours)", color=f"C{list(POLICIES).index(policy)}")
+               [by[key].deadline_ratio if (key := (c.trace, c.cluster, policy, actuation)) in by else 0
+                for c in cases], width, label=label(policy, actuation), color=f"C{i}")
     who, title = ITP_TITLES[group]
     ax.bar([k + len(ours) * width for k in range(len(cases))], [c.references.get("elasticflow", float("nan")) for c in cases],
            width, label=f"ElasticFlow ({who})", color="C7")
@@ -291,10 +315,11 @@ def _plot_cluster_size(report: Report, path: Path) -> None:
         for c in sweep:
             spec = _inputs(c.model_dump_json())[1]
             sizes.append(spec.num_gpus)
-        by = {(r.trace, r.cluster, r.policy): r for r in report.results}
-        for i, policy in enumerate(p for p in POLICIES if any((c.trace, c.cluster, p) in by for c in sweep)):
-            ax.plot(sizes, [by[(c.trace, c.cluster, policy)].deadline_ratio for c in sweep], "o-", label=policy,
-                    color=f"C{list(POLICIES).index(policy)}")
+        by = {(r.trace, r.cluster, r.policy, r.actuation): r for r in report.results}
+        for i, (policy, actuation) in enumerate(columns(report)):
+            if all((c.trace, c.cluster, policy, actuation) in by for c in sweep):
+                ax.plot(sizes, [by[(c.trace, c.cluster, policy, actuation)].deadline_ratio for c in sweep], "o-",
+                        label=label(policy, actuation), color=f"C{i}")
         ax.plot(sizes, [report.bounds[c.key].bound for c in sweep], "k--", label="LP bound")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(s) for s in sizes])

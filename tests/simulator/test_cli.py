@@ -40,6 +40,21 @@ def test_simulate_writes_results_and_plot(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+def test_simulate_runs_the_services_loop_by_default_and_the_bare_policy_when_asked(tmp_path):
+    trace = write_trace(tmp_path, "0,0,1000,resnet50,3000,64,1,150\n1,10,500,bert,9000,64,2,100\n")
+    result = simulate(trace, tmp_path, "--policy", "elasticflow")
+    assert result.exit_code == 0, result.output
+    assert [r["actuation"] for r in json.loads((tmp_path / "out.json").read_text())["results"]] == ["service"]
+    result = simulate(trace, tmp_path, "--policy", "elasticflow", "--actuation", "service", "--actuation", "ideal",
+                      "--safety-margin", "0", "--noise", "0.1", "--seed", "3")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "out.json").read_text())["results"]
+    assert [(r["policy"], r["actuation"]) for r in rows] == [("elasticflow", "service"), ("elasticflow", "ideal")]
+    assert all(r["met_deadline"] == 2 for r in rows)
+    result = simulate(trace, tmp_path, "--actuation", "perfect")
+    assert result.exit_code == 2 and "perfect" in result.output
+
+
 @pytest.mark.parametrize("body,header,where", [
     ("0,0,-5,resnet50,3000,64,1,150\n", HEADER, "row 2, field 'iteration'"),
     ("0,100,50,resnet50,90,64,1,150\n", HEADER, "row 2, field 'ddl'"),

@@ -1,4 +1,5 @@
-"""With exact throughputs, every admitted deadline job meets its deadline."""
+"""With exact throughputs, every admitted deadline job meets its deadline:
+as the bare policy plans it, and through the service's own control loop."""
 
 import random
 
@@ -21,23 +22,26 @@ SHARED = [
 ]
 
 
+def _experiment(trace: str, cluster: str, gpu: str, interval: float, *actuations: str) -> Experiment:
+    return Experiment(DATA / "traces" / f"{trace}.csv", DATA / "clusters" / f"{cluster}.csv",
+                      DATA / "throughputs" / gpu, interval, actuations=actuations)
+
+
 @pytest.mark.parametrize("trace,cluster,gpu,interval", SHARED, ids=[s[0] for s in SHARED])
 def test_admitted_jobs_meet_their_deadlines_on_the_shared_traces(trace, cluster, gpu, interval):
-    exp = Experiment(DATA / "traces" / f"{trace}.csv", DATA / "clusters" / f"{cluster}.csv",
-                     DATA / "throughputs" / gpu, interval)
-    _, (ef, edf) = exp.run(["elasticflow", "edf"])
+    _, (ef, edf) = _experiment(trace, cluster, gpu, interval, "ideal").run(["elasticflow", "edf"])
     assert ef.admitted_missed == 0
     assert ef.admitted + ef.rejected == ef.jobs
     assert ef.deadline_ratio >= edf.deadline_ratio
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace,cluster,gpu,interval", SHARED, ids=[s[0] for s in SHARED])
-def test_the_overload_policy_keeps_the_guarantee_on_the_shared_traces(trace, cluster, gpu, interval):
-    exp = Experiment(DATA / "traces" / f"{trace}.csv", DATA / "clusters" / f"{cluster}.csv",
-                     DATA / "throughputs" / gpu, interval)
-    _, (overload,) = exp.run(["elasticflow-overload"])
-    assert overload.admitted_missed == 0
-    assert overload.admitted + overload.rejected == overload.jobs
+def test_in_the_service_loop_both_policies_keep_the_guarantee_on_the_shared_traces(trace, cluster, gpu, interval):
+    _, results = _experiment(trace, cluster, gpu, interval, "service").run(["elasticflow", "elasticflow-overload"])
+    for result in results:
+        assert result.actuation == "service" and result.admitted_missed == 0, result.policy
+        assert result.admitted + result.rejected == result.jobs
 
 
 CURVES = [
@@ -68,12 +72,11 @@ def test_admitted_jobs_meet_their_deadlines_on_random_traces(seed, load, interva
 
 
 def test_simulation_is_deterministic():
-    exp = Experiment(DATA / "traces" / "elasticVpollux_e.csv", DATA / "clusters" / "n16g4.csv",
-                     DATA / "throughputs" / "T4", 60.0)
+    exp = _experiment("elasticVpollux_e", "n16g4", "T4", 60.0, "ideal", "service")
     _, first = exp.run(["elasticflow"])
     _, second = exp.run(["elasticflow"])
     strip = lambda r: r.model_dump(exclude={"wall_s"})  # noqa: E731
-    assert strip(first[0]) == strip(second[0])
+    assert [strip(r) for r in first] == [strip(r) for r in second]
 
 
 def test_best_effort_jobs_finish_and_are_counted_in_neither_side_of_the_ratio():

@@ -16,13 +16,16 @@ def test_quick_reproduce_writes_every_policy_the_bound_and_the_plots(tmp_path):
     payload = json.loads((tmp_path / "results.json").read_text())
     small = [r for r in payload["results"] if r["trace"] == "100jobs_1500lam"]
     assert {r["policy"] for r in small} == set(POLICIES)
+    # Ours through the service's loop and bare; baselines bare.
+    assert {r["actuation"] for r in small if r["policy"] == "elasticflow"} == {"service", "ideal"}
+    assert {r["actuation"] for r in small if r["policy"] == "edf"} == {"ideal"}
     for r in payload["results"]:
         bound = payload["bounds"][f"{r['trace']}@{r['cluster']}"]["bound"]
         assert r["deadline_ratio"] <= bound + 1e-9, r["policy"]
         if r["policy"] == "elasticflow":
-            assert r["admitted_missed"] == 0
+            assert r["admitted_missed"] == 0, r["actuation"]
     table = (tmp_path / "results.md").read_text()
-    assert "| 100jobs_1500lam | n16g8 |" in table and "bound" in table
+    assert "| 100jobs_1500lam | n16g8 |" in table and "bound" in table and "elasticflow (service)" in table
     for name in ("deadline_ratios.png", "cluster_size.png"):
         assert (tmp_path / name).stat().st_size > 5_000
     assert "ElasticFlow" in result.output and "best baseline" in result.output

@@ -6,7 +6,8 @@ Generated traces (`elasticflow trace` statistics, the reference traces'
 models) for every seed x offered load x cluster size, plus the traces of
 data/reference/ on the cluster each was measured on. Per policy: deadline
 ratio and admitted jobs that missed; per trace: the LP bound. Policies:
-elasticflow, edf, and elasticflow-overload when it is registered. Figures are
+elasticflow and elasticflow-overload, each through the service's own
+control loop (`service`) and bare (`ideal`), and edf bare. Figures are
 printed and written to docs/evaluation/sweep.{json,png}; both cores are used.
 
 Run: .venv/bin/python bench/sweep.py            (a few minutes on 2 cores)
@@ -92,10 +93,22 @@ def _trace_file(task: dict, folder: Path) -> Path:
     return path
 
 
+def series() -> list[tuple[str, str]]:
+    """(policy, actuation) of every line of the sweep."""
+    from scheduler_service.simulator.reproduce import actuations
+
+    return [(p, a) for p in policies() for a in actuations(p)]
+
+
+def label(policy: str, actuation: str) -> str:
+    from scheduler_service.simulator.reproduce import label as named
+
+    return named(policy, actuation)  # type: ignore[arg-type]
+
+
 def run_task(task: dict) -> dict:
-    from scheduler_service.policy.registry import make_policy
     from scheduler_service.simulator.bound import deadline_ratio_bound
-    from scheduler_service.simulator.engine import simulate
+    from scheduler_service.simulator.experiment import simulate_policy
     from scheduler_service.simulator.inputs import load_cluster, load_throughputs, load_trace
     from scheduler_service.simulator.metrics import summarize
     from scheduler_service.simulator.outcomes import job_rows, line_up, read_reference
@@ -112,13 +125,14 @@ def run_task(task: dict) -> dict:
     if task["policy"] == "bound":
         out["ratio"] = deadline_ratio_bound(jobs, topology).bound
     else:
-        run = simulate(jobs, make_policy(task["policy"], topology, INTERVAL))
+        run, _ = simulate_policy(jobs, topology, task["policy"], INTERVAL, data_dir() / "throughputs" / "A100",
+                                 task["actuation"])
         result = summarize(run)
         out.update(ratio=result.deadline_ratio, admitted_missed=result.admitted_missed, rejected=result.rejected)
         if task["kind"] == "reference":
             ref_file = data_dir() / "reference" / "outcomes" / f"{task['trace']}_{task['cluster']}.csv"
             ours = {r["job_id"]: r for r in job_rows(run)}
-            comparison = line_up(task["policy"], ours, read_reference(ref_file), str(ref_file))
+            comparison = line_up(task["series"], ours, read_reference(ref_file), str(ref_file))
             out.update(only_ours=comparison.count("only ours met"),
                        only_reference=comparison.count("only the reference met"))
     out["wall_s"], out["cpu_s"] = time.perf_counter() - started, time.process_time() - cpu
@@ -126,16 +140,17 @@ def run_task(task: dict) -> dict:
 
 
 def tasks(seeds: tuple[int, ...]) -> list[dict]:
-    names = policies() + ["bound"]
+    lines = [{"policy": p, "actuation": a, "series": label(p, a)} for p, a in series()]
+    lines.append({"policy": "bound", "actuation": None, "series": "bound"})
     out = []
     for trace, cluster in reference_cases():
-        out += [{"kind": "reference", "trace": trace, "cluster": cluster, "policy": p} for p in names]
+        out += [{"kind": "reference", "trace": trace, "cluster": cluster, **line} for line in lines]
     for cluster in SIZES:
         for load in LOADS:
             for seed in seeds:
                 trace = f"gen-{cluster}-load{load:g}-seed{seed}"
                 out += [{"kind": "generated", "trace": trace, "cluster": cluster, "load": load, "seed": seed,
-                         "policy": p} for p in names]
+                         **line} for line in lines]
     return out
 
 
@@ -145,18 +160,23 @@ def reference_ratio(trace: str, cluster: str) -> float:
     return ratio(read_reference(data_dir() / "reference" / "outcomes" / f"{trace}_{cluster}.csv"))
 
 
+def names() -> list[str]:
+    """The sweep's lines, by label, without the bound."""
+    return [label(p, a) for p, a in series()]
+
+
 def summarize_generated(results: list[dict]) -> list[dict]:
-    """One row per cluster size, load and policy: mean, min and max ratio over seeds."""
+    """One row per cluster size, load and line: mean, min and max ratio over seeds."""
     rows = []
     for cluster in SIZES:
         for load in LOADS:
-            for policy in policies() + ["bound"]:
+            for line in names() + ["bound"]:
                 runs = [r for r in results if r["kind"] == "generated" and r["cluster"] == cluster
-                        and r["load"] == load and r["policy"] == policy]
+                        and r["load"] == load and r["series"] == line]
                 if not runs:
                     continue
                 ratios = [r["ratio"] for r in runs]
-                rows.append({"cluster": cluster, "load": load, "policy": policy, "ratio": statistics.mean(ratios),
+                rows.append({"cluster": cluster, "load": load, "policy": line, "ratio": statistics.mean(ratios),
                              "min": min(ratios), "max": max(ratios),
                              "admitted_missed": sum(r.get("admitted_missed", 0) for r in runs),
                              "load_measured": statistics.mean(r["load_measured"] for r in runs)})
@@ -171,7 +191,7 @@ def plot(summary: list[dict], results: list[dict], path: Path, seeds: int) -> No
 
     fig, axes = plt.subplots(1, len(SIZES), figsize=(5 * len(SIZES), 4.2), sharey=True)
     for ax, cluster in zip(axes, SIZES):
-        for i, policy in enumerate(policies() + ["bound"]):
+        for i, policy in enumerate(names() + ["bound"]):
             rows = [r for r in summary if r["cluster"] == cluster and r["policy"] == policy]
             xs = [r["load"] for r in rows]
             style = {"color": "black", "linestyle": "--", "label": "LP bound"} if policy == "bound" else \
@@ -180,15 +200,15 @@ def plot(summary: list[dict], results: list[dict], path: Path, seeds: int) -> No
             if policy != "bound":
                 ax.fill_between(xs, [r["min"] for r in rows], [r["max"] for r in rows], color=f"C{i}", alpha=0.15)
         refs = [r for r in results if r["kind"] == "reference" and r["cluster"] == cluster]
-        for k, r in enumerate(r for r in refs if r["policy"] == "elasticflow"):
+        for k, r in enumerate(r for r in refs if r["series"] == label("elasticflow", "service")):
             ax.plot(r["load_measured"], reference_ratio(r["trace"], cluster), "kx", markersize=8,
                     label="authors' simulator (reference traces)" if k == 0 else None)
             ax.annotate(r["trace"], (r["load_measured"], reference_ratio(r["trace"], cluster)), fontsize=7,
                         xytext=(5, -3), textcoords="offset points")
-        for i, policy in enumerate(policies()):
+        for i, policy in enumerate(names()):
             if policy == "edf":
                 continue
-            for k, r in enumerate(r for r in refs if r["policy"] == policy):
+            for k, r in enumerate(r for r in refs if r["series"] == policy):
                 ax.plot(r["load_measured"], r["ratio"], "*", color=f"C{i}", markersize=10,
                         label=f"{policy} (reference traces)" if k == 0 else None)
         ax.set_title(f"{cluster} ({_gpus(cluster)} GPUs), {JOBS} jobs, {seeds} seeds")
@@ -204,18 +224,19 @@ def plot(summary: list[dict], results: list[dict], path: Path, seeds: int) -> No
 
 
 def print_targets(rows: list[dict], names: list[str]) -> None:
-    """Issue 13's targets on the reference traces, met or not."""
-    print("\nTargets (issue 13):")
+    """Issue 13's targets on the reference traces, met or not, as the service runs the policies."""
+    print("\nTargets (issue 13), through the service's loop:")
     for row in rows:
-        ef = row["elasticflow"]
+        ef = row[label("elasticflow", "service")]
         ok = ef["ratio"] >= row["reference"] - 1e-9 and ef["admitted_missed"] == 0
         print(f"  {row['trace']}: elasticflow {ef['ratio']:.3f} >= reference {row['reference']:.3f} with 0 admitted "
               f"misses: {'yes' if ok else 'NO'}")
-    if "elasticflow-overload" not in names:
+    overload = label("elasticflow-overload", "service")
+    if overload not in names:
         print("  elasticflow-overload is not in this sweep (not registered, or not asked for): its targets are not checked")
         return
     for row in rows:
-        ov, ef = row["elasticflow-overload"], row["elasticflow"]
+        ov, ef = row[overload], row[label("elasticflow", "service")]
         if row["trace"] in OVERLOAD_FLOOR:
             goal, floor = f">= {OVERLOAD_FLOOR[row['trace']]:.2f}", OVERLOAD_FLOOR[row["trace"]]
         elif row["trace"] in LIGHT:
@@ -246,35 +267,35 @@ def main() -> None:
     todo = tasks(SEEDS[:args.seeds])
     # Bounds and the overloaded cases take longest: start them first so both workers end together.
     todo.sort(key=lambda t: (t["policy"] != "bound", -t.get("load", 5)))
-    print(f"sweep: {len(todo)} runs ({', '.join(policies())} and the LP bound) on {args.workers} workers", flush=True)
+    print(f"sweep: {len(todo)} runs ({', '.join(names())} and the LP bound) on {args.workers} workers", flush=True)
     results = []
     with Pool(args.workers) as pool:
         for k, r in enumerate(pool.imap_unordered(run_task, todo), start=1):
             results.append(r)
-            print(f"[{k:3d}/{len(todo)}] {r['trace']:26s} {r['cluster']:6s} {r['policy']:21s} "
+            print(f"[{k:3d}/{len(todo)}] {r['trace']:26s} {r['cluster']:6s} {r['series']:32s} "
                   f"{r['ratio']:.3f}  ({r['wall_s']:.1f} s)", flush=True)
     summary = summarize_generated(results)
-    names = policies()
+    lines = names()
 
     print(f"\nGenerated traces: mean deadline ratio over {args.seeds} seeds (min-max), admitted misses in brackets")
-    print(f"{'cluster':7s} {'load':>4s} " + " ".join(f"{p:>24s}" for p in names) + f" {'bound':>6s}")
+    print(f"{'cluster':7s} {'load':>4s} " + " ".join(f"{p[-24:]:>24s}" for p in lines) + f" {'bound':>6s}")
     for cluster in SIZES:
         for load in LOADS:
             cells = {r["policy"]: r for r in summary if r["cluster"] == cluster and r["load"] == load}
-            line = " ".join(f"{cells[p]['ratio']:.3f} ({cells[p]['min']:.2f}-{cells[p]['max']:.2f}) [{cells[p]['admitted_missed']:>3d}]"
-                            .rjust(24) for p in names)
-            print(f"{cluster:7s} {load:4g} {line} {cells['bound']['ratio']:6.3f}")
+            row = " ".join(f"{cells[p]['ratio']:.3f} ({cells[p]['min']:.2f}-{cells[p]['max']:.2f}) [{cells[p]['admitted_missed']:>3d}]"
+                           .rjust(24) for p in lines)
+            print(f"{cluster:7s} {load:4g} {row} {cells['bound']['ratio']:6.3f}")
 
     print("\nReference traces: the authors' simulator beside ours; [admitted misses]; "
           "only ref / only ours = jobs met by one side alone")
-    refs = {(r["trace"], r["cluster"], r["policy"]): r for r in results if r["kind"] == "reference"}
+    refs = {(r["trace"], r["cluster"], r["series"]): r for r in results if r["kind"] == "reference"}
     reference_rows = []
     for trace, cluster in reference_cases():
         ref = reference_ratio(trace, cluster)
         row = {"trace": trace, "cluster": cluster, "reference": ref, "bound": refs[(trace, cluster, "bound")]["ratio"],
                "load": refs[(trace, cluster, "bound")]["load_measured"]}
         cells = []
-        for p in names:
+        for p in lines:
             r = refs[(trace, cluster, p)]
             row[p] = {k: r[k] for k in ("ratio", "admitted_missed", "rejected", "only_ours", "only_reference")}
             cells.append(f"{p} {r['ratio']:.3f} [{r['admitted_missed']}] (only ref {r['only_reference']}, "
@@ -282,14 +303,14 @@ def main() -> None:
         reference_rows.append(row)
         print(f"{trace} {cluster:5s} load {row['load']:.2f}  reference {ref:.3f} | " + " | ".join(cells)
               + f" | bound {row['bound']:.3f}")
-    print_targets(reference_rows, names)
+    print_targets(reference_rows, lines)
     wall = time.perf_counter() - started
     cpu = sum(r["cpu_s"] for r in results)
     print(f"\nwall time {wall:.0f} s on {args.workers} workers; the runs took {cpu:.0f} CPU-seconds "
           f"({cpu / args.workers:.0f} s of wall time on {args.workers} otherwise idle cores)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sweep.json").write_text(json.dumps(
-        {"policies": names, "jobs": JOBS, "seeds": list(SEEDS[:args.seeds]), "interval_s": INTERVAL,
+        {"policies": lines, "jobs": JOBS, "seeds": list(SEEDS[:args.seeds]), "interval_s": INTERVAL,
          "generated": summary, "reference": reference_rows, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}, indent=1) + "\n")
     plot(summary, results, args.out / "sweep.png", args.seeds)
     print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.png'}")

@@ -56,7 +56,9 @@ class WorkerSettings(BaseSettings):
     safety_margin: float = _setting(
         0.05, "room kept in front of an admitted run's deadline, as a fraction of its window (at least a slot), "
         "for a machine slower than its profile", "0.05", ge=0, lt=0.5)
-    restart_s: float = _setting(2.0, "restart cost the plans charge (+0.5 s to stop)", "2", ge=0)
+    restart_s: float = _setting(
+        2.0, "a run's restart on a new GPU set (+0.5 s to stop); plans charge it with the hand-over before it "
+        "(the GPUs' previous holder stops, 0.5 s, and a poll sees it)", "2", ge=0)
     launch_s: float | None = _setting(
         None, "launch to first iteration of a new run; the part beyond a restart is kept in front of its deadline",
         "15, raised by starts seen", ge=0)

@@ -49,7 +49,7 @@ from elasticflow_block.hyperparameters import Hyperparameters
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
 from elasticflow_block.errors import TrainingFailed, TrainingRejected, refusal_state  # noqa: F401  (the pipeline task's API)
 from elasticflow_block.prefect_runs import cancel_run, current_flow_name, learn_steps, wait_for_run
-from scheduler_service.contracts import Rejection, StateName
+from scheduler_service.contracts import Label, Rejection, StateName
 
 
 
@@ -138,7 +138,7 @@ def _total_reported(flow_run: Any) -> int | None:
     """The total iterations the run reported (its `elasticflow.total_iterations`
     label, set by the flow as it trains; None if it never did)."""
     try:
-        total = int((flow_run.labels or {}).get("elasticflow.total_iterations", 0))
+        total = int((flow_run.labels or {}).get(Label.TOTAL_ITERATIONS.value, 0))
     except (TypeError, ValueError):
         return None
     return total if total > 0 else None

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from flows.training.progress import ProgressSnapshot, ProgressTracker
 from flows.training.segment import SegmentResult
+from scheduler_service.contracts import Label, training_event
 
 log = logging.getLogger("elasticflow.progress")
 
@@ -110,25 +111,25 @@ class PrefectProgress(ProgressTracker):
 
         from prefect.client.orchestration import get_client
 
-        labels: dict[str, str] = {
-            "elasticflow.iteration": str(snap.iteration),
-            "elasticflow.total_iterations": str(snap.total_iterations),
-            "elasticflow.gpus": ",".join(map(str, snap.gpus)),
+        labels: dict[Label, str] = {
+            Label.ITERATION: str(snap.iteration),
+            Label.TOTAL_ITERATIONS: str(snap.total_iterations),
+            Label.GPUS: ",".join(map(str, snap.gpus)),
         }
         if snap.iterations_per_s:
-            labels["elasticflow.iterations_per_s"] = f"{snap.iterations_per_s:.4f}"
+            labels[Label.ITERATIONS_PER_S] = f"{snap.iterations_per_s:.4f}"
         if snap.projected_finish:
-            labels["elasticflow.projected_finish"] = snap.projected_finish.isoformat()
+            labels[Label.PROJECTED_FINISH] = snap.projected_finish.isoformat()
         if snap.on_track is not None:
-            labels["elasticflow.on_track"] = str(snap.on_track).lower()
+            labels[Label.ON_TRACK] = str(snap.on_track).lower()
         with get_client(sync_client=True) as client:
-            client.update_flow_run_labels(UUID(self.flow_run_id), labels)
+            client.update_flow_run_labels(UUID(self.flow_run_id), {k.value: v for k, v in labels.items()})
 
     def _event(self, snap: ProgressSnapshot, event: str, extra: dict[str, object] | None) -> None:
         from prefect.events import emit_event
 
         emit_event(
-            event=f"elasticflow.training.{event}",
+            event=training_event(event),
             resource={"prefect.resource.id": f"prefect.flow-run.{self.flow_run_id}"},
             payload={**snap.model_dump(mode="json"), **(extra or {})},
         )

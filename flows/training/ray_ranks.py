@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 from flows.training.ray_nodes import (
-    NAMESPACE,
     by_name,
     connect,
     loopback_before_import,

@@ -19,14 +19,8 @@ from typing import Any
 from scheduler_service.contracts import RunPhase
 from scheduler_service.loop.run import RunView
 from scheduler_service.worker.cluster import Cluster
-from scheduler_service.worker.render import (
-    AllocationSample,
-    ClusterSnapshot,
-    JobView,
-    allocation_markdown,
-    cluster_markdown,
-    samples_from_changes,
-)
+from scheduler_service.worker.plot import AllocationSample, allocation_markdown, samples_from_changes
+from scheduler_service.worker.render import ClusterSnapshot, JobView, cluster_markdown
 
 log = logging.getLogger("prefect.workers.elasticflow.cluster_view")  # shown with the worker's own lines
 

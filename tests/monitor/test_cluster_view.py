@@ -12,7 +12,7 @@ from scheduler_service.contracts import RunPhase
 from scheduler_service.loop.run import RunView
 from scheduler_service.worker.cluster import load
 from scheduler_service.worker.cluster_view import REFRESH_S, ClusterView
-from scheduler_service.worker.render import legend_names
+from scheduler_service.worker.plot import legend_names
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 12, 1, 5, 0, tzinfo=timezone.utc).timestamp()

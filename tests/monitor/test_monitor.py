@@ -8,20 +8,22 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from scheduler_service.worker.render import (
+from scheduler_service.worker.plot import (
     AllocationSample,
+    allocation_markdown,
+    allocation_plot,
+    plotted_jobs,
+    samples_from_changes,
+)
+from scheduler_service.worker.render import (
     ClusterSnapshot,
     JobView,
     Outlook,
-    allocation_markdown,
-    allocation_plot,
     cluster_markdown,
     deadline_risk,
     gpu_map_markdown,
     jobs_markdown,
     outlook,
-    plotted_jobs,
-    samples_from_changes,
 )
 
 T0 = datetime(2026, 11, 30, 15, 0, tzinfo=timezone.utc)

@@ -47,6 +47,9 @@ class Actuation(BaseModel):
     poll_s: float = Field(1.0, gt=0, description="the worker's poll: the loop hears of an event this late at most")
     noise: float = Field(0.0, ge=0, description="spread of delays and speeds (lognormal sigma); 0: exact")
     seed: int = 0
+    arrivals_at_boundaries: bool = Field(
+        False, description="runs arrive at the slot boundary after their submission, as the bare engine takes "
+        "them, instead of at the next poll (to tell the two apart in bench/actuation.py)")
 
 
 def service_safety_margin() -> float:
@@ -220,18 +223,23 @@ def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSett
     loop = ControlLoop(topology, settings, policy_for)
     policy, clock = loop.policy, loop.policy.clock
     backend = Backend(settings, policy.speed, loop.start_cost.launch_s, actuation)
-    pending = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+    def heard(job: Job) -> float:
+        if actuation.arrivals_at_boundaries:
+            return clock.slot_after(job.submit_time) * clock.interval
+        return backend.heard_at(job.submit_time)
+
+    pending = sorted(jobs, key=lambda j: (heard(j), j.job_id))
     records = {job.job_id: JobRecord(job, remaining=job.iterations) for job in pending}
     for job in pending:
         backend.processes[job.job_id] = Process(records[job.job_id], since=job.submit_time)
     usage: list[tuple[float, int]] = []
     next_arrival, n, steps, idle_since = 0, len(pending), 0, None
-    now = backend.heard_at(pending[0].submit_time) if pending else 0.0
+    now = heard(pending[0]) if pending else 0.0
 
     while next_arrival < n or loop.runs or backend.busy():
         steps += 1
         events = backend.due(now)
-        while next_arrival < n and pending[next_arrival].submit_time <= now + 1e-9:
+        while next_arrival < n and heard(pending[next_arrival]) <= now + 1e-9:
             job = pending[next_arrival]
             events.append(Arrived(job.job_id, job, job.submit_time))
             next_arrival += 1
@@ -258,7 +266,7 @@ def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSett
             idle_since = None
         candidates = [t for t in (backend.next_at(),) if t is not None]
         if next_arrival < n:
-            candidates.append(backend.heard_at(pending[next_arrival].submit_time))
+            candidates.append(heard(pending[next_arrival]))
         if loop.runs:
             candidates.append(clock.slot_after(now + 1e-6) * clock.interval)  # the next slot's plan
         if not candidates:

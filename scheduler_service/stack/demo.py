@@ -29,6 +29,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from scheduler_service.markdown import printable
+
 # A model whose throughput grows with a second slot even on CPU (compute
 # dominates the all-reduce at this batch), so the demo can show a resize.
 MODEL = "mlp"
@@ -101,7 +103,7 @@ class Demo:
                     run.seen_states.append(state.name or state.type.value)
                     if state.name in ("Scheduled", "Pending"):
                         continue
-                    message = f": {state.message}" if state.message else ""
+                    message = f": {printable(state.message)}" if state.message else ""
                     self.say(f"demo-{run.role:<10} [bold]{state.name}[/bold]{message}")
                 allocations = store.allocations(run.flow_run_id)
                 for record in allocations[run.seen_allocations:]:

@@ -12,6 +12,8 @@ from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, Field
 
+from scheduler_service.markdown import printable
+
 # Jobs beyond this many (by GPU-seconds) share one "other jobs" band in the
 # plot: a legend of hundreds of runs helps nobody.
 PLOT_MAX_JOBS = 10
@@ -67,7 +69,7 @@ def plotted_jobs(samples: list[AllocationSample], until: datetime | None = None,
 def legend_names(runs: list[str], names: dict[str, str] | None) -> list[str]:
     """What the plot calls each run: its name (two runs of one name told
     apart by their ids), or its id when it has none."""
-    given = [(names or {}).get(run) or run for run in runs]
+    given = [printable((names or {}).get(run) or run) for run in runs]
     return [f"{name} ({run[:8]})" if given.count(name) > 1 and name != run else name
             for run, name in zip(runs, given)]
 

@@ -15,7 +15,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from scheduler_service.markdown import markdown_table
+from scheduler_service.markdown import markdown_table, printable
 
 # The deadline-at-risk margin when none is given (the service passes its own,
 # ELASTICFLOW_AT_RISK_S): a projection within a minute of the deadline is one
@@ -121,8 +121,8 @@ def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> O
 
 
 def _cell(text: str) -> str:
-    """Markdown table cells cannot hold pipes or newlines."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Markdown table cells cannot hold pipes; what users wrote keeps no control character."""
+    return printable(text.replace("\n", " ")).replace("|", "\\|")
 
 
 def _duration(delta: timedelta) -> str:

@@ -148,3 +148,19 @@ def test_a_cluster_the_worker_published_is_the_map(tmp_path: Path) -> None:
                                                        "gpu_nodes": ["a", "a", "b", "b"]}))
     data = report(tmp_path)
     assert data.cluster == "2 nodes x 2 GPUs" and [s.node for s in data.gpus] == ["a", "a", "b", "b"]
+
+
+def test_a_name_with_control_characters_cannot_forge_a_line_or_colour_the_terminal(tmp_path: Path) -> None:
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import ServiceStore
+
+    forged = "ok\n\x1b[31mFAKE finished: met\x1b[0m"
+    store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
+    store.upsert_job("00000000-0000-0000-0000-000000000001", RunPhase.RUNNING, flow_run_name=forged, model="mlp",
+                     iterations=10, gpus="0")
+    out = io.StringIO()
+    render(report(tmp_path), Console(file=out, width=80, force_terminal=True, color_system="standard"))
+    text = out.getvalue()
+    assert "\x1b[31m" not in text and "FAKE finished" not in text.split("\\x1b[31m")[0]
+    assert "ok\\n\\x1b[31mFAKE finished: met\\x1b[0m" in text  # shown, escaped, on its one line
+    assert not any(line.lstrip().startswith("FAKE") for line in text.splitlines())

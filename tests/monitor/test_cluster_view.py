@@ -92,3 +92,12 @@ def test_two_runs_of_one_name_are_two_runs_in_the_plot() -> None:
     assert view.samples[-1].gpus == {"aaaaaaaa-1": 1, "bbbbbbbb-2": 1}  # not one "nightly" with 1 GPU
     assert set(view.deadlines) == {"aaaaaaaa-1", "bbbbbbbb-2"}
     assert legend_names(["aaaaaaaa-1", "bbbbbbbb-2"], view.names) == ["nightly (aaaaaaaa)", "nightly (bbbbbbbb)"]
+
+
+def test_a_name_with_pipes_and_control_characters_stays_in_its_cell() -> None:
+    view = _view()
+    snapshot = view.snapshot([_run("run-a", deadline_in_s=600, gpus=(0,))], {"run-a": "a|b\n\x1b[31mFAKE"}, NOW)
+    text = view.markdown(snapshot, NOW)
+    assert "\x1b" not in text and "a\\|b \\x1b[31mFAKE" in text
+    row = next(line for line in text.splitlines() if "FAKE" in line and line.startswith("|"))
+    assert row.count(" | ") == next(line for line in text.splitlines() if line.startswith("| ")).count(" | ")

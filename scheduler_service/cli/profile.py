@@ -37,12 +37,25 @@ def profile(
     dataset: Optional[str] = typer.Option(None, "--dataset", help="dataset (default: synthetic for the model)"),
     export: Optional[Path] = typer.Option(None, "--export", help="also write the model's curves as CSV"),
     database_url: Optional[str] = typer.Option(
-        None, "--database-url", help="SQLAlchemy URL (default: $ELASTICFLOW_DATABASE_URL or SQLite)"
+        None, "--database-url", help="SQLAlchemy URL without a password (default: $ELASTICFLOW_DATABASE_URL, "
+        "which may hold one, or SQLite)"
     ),
 ) -> None:
     """Measure iterations/s on each GPU count with short DDP runs and store the curve."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     from flows.training.profiler import profile_throughput
+    from scheduler_service.cli.service import refuse_password
     from scheduler_service.store import export_csv, get_engine, save_curve
+
+    if database_url:
+        try:
+            refuse_password("--database-url", make_url(database_url), "ELASTICFLOW_DATABASE_URL")
+        except (ValueError, ArgumentError) as exc:
+            errors.print(f"error: {exc}" if isinstance(exc, ValueError) and "password" in str(exc)
+                         else "error: --database-url: not a database URL", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
 
     counts = sorted(set(_gpu_counts(gpus)))
     curve: dict[int, float] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -14,6 +14,59 @@ from scheduler_service.cli import app, hints
 
 console = hints.console()
 errors = hints.console(stderr=True)
+
+
+DATABASE_ENV = "ELASTICFLOW_PREFECT_DATABASE_URL"
+
+
+def database_url_from(given: str | None, file: Path | None) -> str | None:
+    """The Prefect server's database URL, from where a password is not shown
+    to other users: the environment or a private file. A password in the
+    command line itself is refused, naming the two ways that keep it out of
+    `ps`. ValueError names the option at fault."""
+    import os
+    import stat
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if given and file:
+        raise ValueError("--database and --database-file: give one of them")
+    if file is not None:
+        try:
+            mode = file.stat().st_mode
+            url = file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--database-file {file}: cannot read it ({exc.strerror})") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(f"--database-file {file}: others can read it (mode {stat.S_IMODE(mode):o}); "
+                             f"chmod 600 {file}")
+    else:
+        url = given or os.environ.get(DATABASE_ENV, "")
+    if not url:
+        return None
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        source = "--database-file" if file else "--database" if given else DATABASE_ENV
+        raise ValueError(f"{source}: not a database URL (e.g. postgresql://user@host:5432/prefect)") from None
+    if given:
+        refuse_password("--database", parsed, f"{DATABASE_ENV} or a file only you can read (--database-file)")
+    return url
+
+
+def refuse_password(option: str, url: Any, instead: str) -> None:
+    """A password given on a command line is shown to every user of the machine by `ps`."""
+    if url.password:
+        raise ValueError(f"{option}: the password would be visible to every user of this machine in `ps`; "
+                         f"put the URL in {instead}")
+
+
+def shown_url(url: str) -> str:
+    """The URL as logs and messages may show it: the password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def _home(home: Optional[Path]) -> Path:
@@ -29,8 +82,12 @@ def up(
     port: int = typer.Option(4200, "--port", help="port of the local Prefect server (bound to 127.0.0.1)"),
     home: Optional[Path] = typer.Option(None, "--home", help="state folder (default: $ELASTICFLOW_HOME or ~/.elasticflow)"),
     database: Optional[str] = typer.Option(
-        None, "--database", help="the Prefect server's database, e.g. postgresql://user:pass@host:5432/prefect "
-        "(default: SQLite under the home; given to the server alone)"),
+        None, "--database", help="the Prefect server's database, e.g. postgresql://user@host:5432/prefect, with "
+        "no password: a command line is visible to every user in `ps` (default: SQLite under the home; given to "
+        "the server alone)"),
+    database_file: Optional[Path] = typer.Option(
+        None, "--database-file", help="a file (mode 0600) holding the database URL, password and all; or set "
+        f"{DATABASE_ENV}"),
     ray: Optional[str] = typer.Option(
         None, "--ray", help="run the ranks on a Ray cluster: its head's ADDRESS (host:port), or local:NxG to "
         "start N nodes of G worker slots on this machine, on loopback, stopped with the stack (docs/ray.md)"),
@@ -56,7 +113,12 @@ def up(
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    where = "PostgreSQL" if database else "SQLite"
+    try:
+        database = database_url_from(database, database_file)
+    except ValueError as exc:
+        errors.print(f"error: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    where = f"PostgreSQL {shown_url(database)}" if database else "SQLite"
     if ray:
         from scheduler_service.stack.ray_local import LOCAL_PREFIX, parse_local
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 MAX_BATCH = 65536  # samples in a global batch: beyond it, a bad value, not a training run
+MAX_LEARNING_RATE = 100.0
 
 
 class Hyperparameters(BaseModel):
@@ -19,10 +20,12 @@ class Hyperparameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     global_batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
-    learning_rate: float = Field(default=0.05, gt=0)
+    # Finite and within what any optimiser is run with: a learning rate of
+    # 1e308 was admitted, held GPUs, and only failed (NaN losses) in training.
+    learning_rate: float = Field(default=0.05, gt=0, le=MAX_LEARNING_RATE, allow_inf_nan=False)
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=0.0, ge=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     max_micro_batch: int | None = Field(
         default=None, ge=1, le=MAX_BATCH,
         description="largest per-worker forward pass; larger shards use gradient accumulation"

@@ -26,14 +26,43 @@ from flows.training.runtime import TrainResult, run_training
 from flows.training.segment import SegmentResult
 
 
+class SegmentCrashed(RuntimeError):
+    """A segment whose ranks failed: its task ends Failed with the cause, and
+    the run goes on from its last checkpoint (or ends, runtime.py says when)."""
+
+    def __init__(self, result: SegmentResult) -> None:
+        super().__init__(result.error or "the segment crashed")
+        self.result = result
+
+
 @task(name="train-segment", cache_policy=NO_CACHE, persist_result=False)
 def train_segment(launch: Callable[[], SegmentResult]) -> SegmentResult:
     """One launch of the DDP workers; restores from, and ends with, a checkpoint."""
-    return launch()
+    result = launch()
+    if result.reason == "crashed":  # Failed on the run's page, not Completed with a crash inside
+        raise SegmentCrashed(result)
+    return result
 
 
 def _as_task(launch: Callable[[], SegmentResult], name: str) -> SegmentResult:
-    return train_segment.with_options(task_run_name=name)(launch)
+    try:
+        return train_segment.with_options(task_run_name=name)(launch)
+    except SegmentCrashed as crashed:
+        return crashed.result
+
+
+def _forward_runtime_logs() -> None:
+    """The runtime's own loggers (`elasticflow.*`: crashes, resizes, control
+    commands) reach the run's Prefect logs, as its `get_run_logger` lines do:
+    without this they went nowhere a user looks."""
+    import logging
+
+    from prefect.logging.handlers import APILogHandler
+
+    runtime = logging.getLogger("elasticflow")
+    if not any(isinstance(h, APILogHandler) for h in runtime.handlers):
+        runtime.addHandler(APILogHandler())
+    runtime.setLevel(min(runtime.getEffectiveLevel(), logging.INFO))
 
 
 @flow(name="train", persist_result=False, log_prints=True)
@@ -58,6 +87,7 @@ def train(
     run with a `LaunchSpec` (the deadline it admitted, or a fixed GPU plan when
     driven without a scheduler) and steers it through the control channel."""
     logger = get_run_logger()
+    _forward_runtime_logs()
     launch = LaunchSpec.from_env()
     params = TrainParameters.model_validate(
         {

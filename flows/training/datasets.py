@@ -200,6 +200,8 @@ def check_dataset(name: str, path: Path) -> None:
         raise ValueError("no such file or folder")
     if not os.access(path, os.R_OK):
         raise ValueError("not readable")
+    if path.is_file() and path.stat().st_size == 0:
+        raise ValueError("is empty (0 bytes)")
     if name == "npz":
         with np.load(path, allow_pickle=False) as arrays:  # an archive's index only
             if not hasattr(arrays, "files"):

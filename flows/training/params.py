@@ -7,6 +7,7 @@ any process is launched or GPU is held.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from datetime import datetime, timedelta, timezone
@@ -36,7 +37,11 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
         text = value.strip()
         seconds = relative_seconds(text)
         if seconds is not None:
-            return now + timedelta(seconds=seconds)
+            try:
+                return now + timedelta(seconds=seconds)
+            except OverflowError:
+                raise ValueError(f"deadline {value!r} is beyond any date (the latest is "
+                                 f"{datetime.max.date().isoformat()})") from None
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError as exc:
@@ -66,7 +71,7 @@ class TrainParameters(BaseModel):
     dataset: DatasetSpec | None = None
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
-    epochs: float | None = Field(default=None, gt=0, le=MAX_EPOCHS)
+    epochs: float | None = Field(default=None, gt=0, le=MAX_EPOCHS, allow_inf_nan=False)
     deadline: datetime | None = None
     best_effort: bool = False
     gpu_plan: list[list[int]] = Field(default_factory=lambda: [[0]], description="GPU sets, used in order")
@@ -94,6 +99,22 @@ class TrainParameters(BaseModel):
         elif not _IMPORT_PATH.match(value):
             raise ValueError(f"model {value!r} is not a 'pkg.module:factory' import path")
         return value
+
+    @field_validator("model_kwargs")
+    @classmethod
+    def _kwargs_fit_the_factory(cls, kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Keyword arguments the model's factory does not take fail now, not in
+        the run's processes after it was admitted and held GPUs. A user's own
+        factory (`pkg.module:factory`) is checked where it is imported (the
+        run's processes), never in the scheduler's."""
+        model = info.data.get("model")
+        if model is None or (is_import_path(model) and not (info.context or {}).get("import_models", True)):
+            return kwargs
+        try:
+            inspect.signature(resolve_factory(model)).bind(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"{exc} (model {model!r})") from None
+        return kwargs
 
     @field_validator("deadline", mode="before")
     @classmethod

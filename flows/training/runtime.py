@@ -27,7 +27,7 @@ from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
 from flows.training.ranks import Ranks, ranks_for
 from flows.training.segment import SegmentResult, SegmentSpec
-from flows.training.supervision import ProgressCallback, RunningSegment
+from flows.training.supervision import Failure, ProgressCallback, RunningSegment
 from flows.training.termination import Termination
 
 log = logging.getLogger("elasticflow.runtime")
@@ -126,9 +126,15 @@ class _Run:
         stop_at = total if self.override is not None or next_switch is None else next_switch
         return gpus, stop_at, _standby_target(self.params, self.override, gpus, next_switch)
 
-    def crashed(self, result: SegmentResult, ranks: Ranks) -> None:
-        """Go on from the last checkpoint, on a new placement if the crash took a node along."""
+    def crashed(self, result: SegmentResult, ranks: Ranks, trained: bool) -> None:
+        """Go on from the last checkpoint, on a new placement if the crash took a
+        node along. A rank that raised an error before the segment trained at
+        all (building the model, reading the data, a bad setting) would raise
+        it again: the run ends at once rather than launch three more times."""
         self.restarts += 1
+        if result.failure == Failure.FAILED.value and not trained:
+            raise RuntimeError(f"training failed before its first iteration, not retried (the same error would "
+                               f"come again): {result.error}")
         log.warning("segment crashed run_key=%s restart=%d/%d error=%s", self.run_key, self.restarts,
                     self.params.max_restarts, result.error)
         if self.restarts > self.params.max_restarts:
@@ -188,16 +194,19 @@ def run_training(
     termination = Termination()
     termination.install()
 
+    trained = False  # the last segment launched did at least one iteration
+
     def launch(spec: SegmentSpec, gpus: list[int], standby: int, on_progress: ProgressCallback) -> SegmentResult:
+        nonlocal trained
         segment = ranks.segment(spec, gpus, run.where)
         termination.segment = segment
-        refilled = False
+        trained = False
 
         def progress(iteration: int, loss: float, wall_t: float) -> None:
-            nonlocal refilled
-            if not refilled:  # once this segment trains: earlier, warm-ups only slow its start
+            nonlocal trained
+            if not trained:  # once this segment trains: earlier, warm-ups only slow its start
                 ranks.refill(standby)
-                refilled = True
+                trained = True
             on_progress(iteration, loss, wall_t)
 
         try:  # a TerminationSignal can land anywhere here, even between handing out two workers' orders
@@ -235,7 +244,7 @@ def run_training(
             tracker.segment_finished(result)
             run.segments.append(result)
             if result.reason == "crashed":
-                run.crashed(result, ranks)
+                run.crashed(result, ranks, trained)
                 continue
             run.ended(result, tracker)
             if result.reason == "terminated" or termination.received:

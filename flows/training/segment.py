@@ -82,6 +82,7 @@ class SegmentResult(BaseModel):
     timings: SegmentTimings = Field(default_factory=SegmentTimings)
     checkpoint_iteration: int | None = None
     error: str | None = None
+    failure: str | None = Field(default=None, description="a crash's cause, as supervision.Failure says it")
 
     @property
     def iterations_per_s(self) -> float | None:

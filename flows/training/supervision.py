@@ -138,11 +138,12 @@ def crash_result(gpus: list[int], launch_t: float, failures: list[RankFailure],
     failed = ", ".join(f"{f.who}: {f.detail}" for f in sorted(failures, key=lambda f: f.rank))
     said = f": {cause.message}" if cause.message else ""
     error = f"worker {cause.who} {cause.detail}{said} (failed: {failed}): {tail(cause)}"
-    return crashed(gpus, launch_t, error), cause
+    return crashed(gpus, launch_t, error, cause.how), cause
 
 
-def crashed(gpus: list[int], launch_t: float, error: str) -> SegmentResult:
+def crashed(gpus: list[int], launch_t: float, error: str, failure: Failure | None = None) -> SegmentResult:
     """A segment that ended without a result of its own: the run resumes from its last checkpoint."""
     return SegmentResult(gpus=gpus, start_iteration=-1, end_iteration=-1, reason="crashed",
-                         timings=SegmentTimings(launch_t=launch_t, end_t=time.time()), error=error)
+                         timings=SegmentTimings(launch_t=launch_t, end_t=time.time()), error=error,
+                         failure=failure.value if failure is not None else None)
 

@@ -312,7 +312,8 @@ def render(data: StatusReport, console: Any) -> None:
                  else "" if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED) else "no GPUs")
         when = (f"finished {_when(v.finished_at, now)}" if v.finished_at
                 else f"projected {_when(v.projected_finish, now)}" if v.projected_finish else "")
-        due = f"deadline {_when(v.deadline, now)}" if v.deadline else "best-effort"
+        due = (f"deadline {_when(v.deadline, now)}" if v.deadline
+               else "" if v.phase == RunPhase.REJECTED else "best-effort")  # rejected: no deadline was read
         progress = "" if v.phase == RunPhase.REJECTED else f"it {_progress(v)}"
         for line in (head, "  " + "  ".join(x for x in (where, progress, when, due) if x),
                      f"  {_why(v, now)}" if _why(v, now) else ""):

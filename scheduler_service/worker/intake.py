@@ -106,6 +106,21 @@ def confine(request: Request, roots: list[Path], schemes: frozenset[str]) -> Non
             raise InvalidRun(f"dataset: {dataset.name}:{dataset.path} cannot be read as {dataset.name}: {exc}") from None
 
 
+def block_name(request: Request) -> str | None:
+    """The saved CheckpointStore block the run names, if its store is one."""
+    store = request.params.checkpoint_store
+    if not store or "://" in store or store.startswith((".", "~")) or "/" in store:
+        return None
+    return store
+
+
+def check_device(request: Request, cluster_device: str) -> None:
+    """A run that asks for CUDA on a cluster of CPU slots can only fail once it holds them."""
+    if request.params.device == "cuda" and cluster_device != "cuda":
+        raise InvalidRun("device: 'cuda' was asked, but this cluster's slots are CPUs; give device=auto (or cpu) "
+                         "to run on what the cluster has")
+
+
 def _inside(value: str, field: str, roots: list[Path]) -> Path:
     path = Path(value).expanduser()
     if not path.is_absolute():

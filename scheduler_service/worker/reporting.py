@@ -109,10 +109,13 @@ class Reporter:
         self.store.upsert_job(run.run_id, RunPhase.PROFILING, message=why)
         await self.publisher.waiting_state(run, StateName.PROFILING, now, why)
 
-    async def rejected(self, run_id: str, flow_run: Any, rejection: Rejection, decision_s: float | None = None) -> None:
+    async def rejected(self, run_id: str, flow_run: Any, rejection: Rejection, decision_s: float | None = None,
+                       model: str | None = None) -> None:
         """Rejected: in the store, then Prefect (state and event, then labels) in the background."""
         text = rejection.state_message()
-        self.store.upsert_job(run_id, RunPhase.REJECTED, flow_run_name=getattr(flow_run, "name", ""), message=text)
+        known = {} if model is None else {"model": model}  # a run rejected at take-in: what it asked for
+        self.store.upsert_job(run_id, RunPhase.REJECTED, flow_run_name=getattr(flow_run, "name", ""), message=text,
+                              **known)
         self.store.add(DecisionRecord(
             flow_run_id=run_id, admitted=False, reason=rejection.reason.value, message=rejection.message,
             earliest_feasible_deadline=rejection.earliest_feasible_deadline,

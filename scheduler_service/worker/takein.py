@@ -10,6 +10,7 @@ flows in the pool (a pipeline) need no GPUs and start at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -30,8 +31,9 @@ TRAIN_FLOW = "train"  # runs of other flows in the pool (pipelines) start at onc
 
 class TakeIn:
     def __init__(self, client: Any, settings: WorkerSettings, registry: RunRegistry, loop: ControlLoop,
-                 profiler: Profiler, reporter: Reporter) -> None:
+                 profiler: Profiler, reporter: Reporter, device: Callable[[], str]) -> None:
         self.client = client
+        self.device = device  # the cluster's, as it is now: "cuda" or "cpu"
         self.settings = settings
         self.registry = registry
         self.loop = loop
@@ -77,6 +79,8 @@ class TakeIn:
         try:
             request = await anyio.to_thread.run_sync(intake.read_request, flow_run.parameters, now)
             await anyio.to_thread.run_sync(intake.confine, request, self.settings.roots, self.settings.schemes)
+            intake.check_device(request, self.device())
+            await self._check_block(request)
         except intake.InvalidRun as exc:
             await self.reject(flow_run, str(exc), now)
             return
@@ -91,13 +95,33 @@ class TakeIn:
         self.profiler.wait_for(run)
         await self.reporter.profiling(run, now)
 
+    async def _check_block(self, request: intake.Request) -> None:
+        """A checkpoint store named by block must be saved: a run that names
+        one nobody saved fails in its first segment, after it held GPUs."""
+        from prefect.exceptions import ObjectNotFound
+
+        from elasticflow_block.block import CheckpointStore
+
+        name = intake.block_name(request)
+        if name is None:
+            return
+        try:
+            await self.client.read_block_document_by_name(name, CheckpointStore.get_block_type_slug())
+        except ObjectNotFound:
+            raise intake.InvalidRun(f"checkpoint_store: no CheckpointStore block named {name!r} is saved "
+                                    "(CheckpointStore(url=...).save(name), or give a URL or an absolute path)") from None
+        except Exception:
+            log.warning("could not read block %r; the run's flow will", name, exc_info=True)
+
     async def reject(self, flow_run: Any, why: str, now: float) -> None:
         """Its parameters cannot be scheduled: rejected, naming the field, and forgotten."""
         run_id = str(flow_run.id)
         self.registry.forget(run_id)
         self.profiler.forget(run_id)
         self.loop.handle(Ended(run_id), now)  # if it was handed over already, it is no longer the loop's
-        await self.reporter.rejected(run_id, flow_run, Rejection.of(RejectionReason.INVALID_PARAMETERS, why, None))
+        model = (flow_run.parameters or {}).get("model") if isinstance(flow_run.parameters, dict) else None
+        await self.reporter.rejected(run_id, flow_run, Rejection.of(RejectionReason.INVALID_PARAMETERS, why, None),
+                                     model=str(model)[:200] if model is not None else "")
 
     async def _flow_name(self, flow_run: Any) -> str:
         """Only `train` runs are scheduled; a pipeline deployed to the same pool runs at once."""

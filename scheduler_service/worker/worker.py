@@ -128,7 +128,8 @@ class ElasticFlowWorker(ProcessWorker):
                                  self.settings.publish_concurrency)
         self.executor = Executor(self.loop, self.registry, self.reporter, lambda: self.cluster)
         self.watch = PrefectWatch(client, self.backend)
-        self.take_in = TakeIn(client, self.settings, self.registry, self.loop, self.profiler, self.reporter)
+        self.take_in = TakeIn(client, self.settings, self.registry, self.loop, self.profiler, self.reporter,
+                              lambda: self.cluster.device)
 
     async def _adopt(self) -> None:
         """Adopt what an earlier life of the worker left running or admitted, and the cluster plot's recent past."""

@@ -211,6 +211,16 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(
 
 
 def test_repeated_crashes_give_up_with_the_error(make_params: Callable[..., TrainParameters]) -> None:
-    params = make_params(model_kwargs={"no_such_argument": 1}, max_restarts=0)
-    with pytest.raises(RuntimeError, match=r"(?s)crashed 1 times.*no_such_argument"):
-        run_training(params, "broken")
+    params = make_params(model="tests.runtime.user_models:fails_later", dataset="synthetic-vectors", max_restarts=0)
+    with pytest.raises(RuntimeError, match=r"(?s)crashed 1 times.*failed after training had begun"):
+        run_training(params, "flaky")
+
+
+def test_a_failure_before_the_first_iteration_is_not_retried(make_params: Callable[..., TrainParameters]) -> None:
+    """A model that cannot be built (a bad setting) fails the same way in every
+    launch: one launch, not four, and the error says why it was not retried."""
+    params = make_params(model="tests.runtime.user_models:broken", dataset="synthetic-vectors", max_restarts=3)
+    started = []
+    with pytest.raises(RuntimeError, match=r"(?s)before its first iteration, not retried.*cannot be built"):
+        run_training(params, "broken", segment_hook=started.append)
+    assert len(started) == 1

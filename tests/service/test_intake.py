@@ -114,3 +114,36 @@ def test_checkpoints_and_data_stay_inside_what_the_operator_allowed(tmp_path) ->
     ]:
         with pytest.raises(InvalidRun, match=says):
             check(**parameters)
+
+
+@pytest.mark.parametrize(("parameters", "says"), [
+    ({"model": "mlp", "iterations": 5, "model_kwargs": {"bogus": 1}}, "model_kwargs: got an unexpected keyword argument 'bogus'"),
+    ({"model": "mlp", "iterations": 5, "hyperparameters": {"learning_rate": 1e308}},
+     "hyperparameters.learning_rate: Input should be less than or equal to 100"),
+    ({"model": "mlp", "iterations": 5, "hyperparameters": {"learning_rate": float("inf")}},
+     "hyperparameters.learning_rate: Input should be a finite number"),
+    ({"model": "mlp", "iterations": 5, "deadline": "+99999999999h"}, "deadline: .* is beyond any date"),
+])
+def test_values_that_could_only_fail_in_training_fail_at_take_in_naming_the_field(
+        parameters: dict[str, object], says: str) -> None:
+    with pytest.raises(InvalidRun, match=says):
+        read_request(parameters, NOW)
+
+
+def test_an_empty_dataset_file_is_said_to_be_empty(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from scheduler_service.worker.intake import confine
+
+    (tmp_path / "empty.npz").write_bytes(b"")
+    request = read_request({"model": "mlp", "iterations": 5, "dataset": f"npz:{tmp_path / 'empty.npz'}"}, NOW)
+    with pytest.raises(InvalidRun, match=r"dataset: npz:.*empty\.npz cannot be read as npz: is empty \(0 bytes\)"):
+        confine(request, [tmp_path], frozenset())
+
+
+def test_cuda_on_a_cluster_of_cpu_slots_is_refused() -> None:
+    from scheduler_service.worker.intake import check_device
+
+    request = read_request({"model": "mlp", "iterations": 5, "device": "cuda"}, NOW)
+    with pytest.raises(InvalidRun, match="device: 'cuda' was asked, but this cluster's slots are CPUs"):
+        check_device(request, "cpu")
+    check_device(request, "cuda")
+    check_device(read_request({"model": "mlp", "iterations": 5}, NOW), "cpu")  # auto runs on what there is

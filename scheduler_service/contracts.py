@@ -67,6 +67,37 @@ class RunPhase(str, Enum):
 _SHOWN = {RunPhase.ARRIVED: "deciding", RunPhase.ADMITTED: "admitted-waiting"}
 
 
+class Outcome(str, Enum):
+    """How a run ended. One rule (`outcome_of`) for the worker's log line,
+    `elasticflow status`, the cluster view and the `elasticflow.run.ended`
+    event: the run's final Prefect state first, so a run that failed is never
+    reported as having met its deadline because its status file reached the
+    last iteration."""
+
+    MET = "met"  # completed by its deadline
+    MISSED = "missed"  # completed after its deadline
+    DONE = "done"  # completed, best-effort
+    FAILED = "failed"  # ended Failed or Crashed
+    CANCELLED = "cancelled"
+    STOPPED = "stopped"  # ended short of its last iteration, its final state not known
+
+
+def outcome_of(state: str | None, iteration: float, iterations: float, deadline: float | None,
+               ended_at: float) -> Outcome:
+    """`state` is the final Prefect state's type (`COMPLETED`, `FAILED`,
+    ...), None if it could not be read; then the iterations decide."""
+    kind = (state or "").upper()
+    if kind in ("FAILED", "CRASHED"):
+        return Outcome.FAILED
+    if kind in ("CANCELLED", "CANCELLING"):
+        return Outcome.CANCELLED
+    if kind == "COMPLETED" and iteration >= iterations or not kind and iteration >= iterations > 0:
+        if deadline is None:
+            return Outcome.DONE
+        return Outcome.MET if ended_at <= deadline else Outcome.MISSED
+    return Outcome.STOPPED
+
+
 class RejectionReason(str, Enum):
     """Why a run was not admitted: decided by the service before the policy
     sees a run, or by the policy (whose `RejectReason` uses the same values)."""
@@ -119,6 +150,7 @@ class EventName(str, Enum):
     DEADLINE_RECOVERED = "elasticflow.deadline.recovered"
     CLUSTER_CHANGED = "elasticflow.cluster.changed"
     NODES_LOST = "elasticflow.run.nodes-lost"
+    RUN_ENDED = "elasticflow.run.ended"
 
 
 CLUSTER_RESOURCE = "elasticflow.cluster"  # the resource cluster events are about

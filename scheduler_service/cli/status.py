@@ -26,9 +26,8 @@ import typer
 from pydantic import BaseModel
 
 from scheduler_service.cli import app
-from scheduler_service.contracts import AllocationAction, RunPhase
+from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, outcome_of
 
-Outcome = Literal["met", "missed", "stopped", "done"]
 PHASE_ORDER = (RunPhase.RUNNING, RunPhase.RESCALING, RunPhase.ADMITTED, RunPhase.PROFILING, RunPhase.ARRIVED,
                RunPhase.REJECTED, RunPhase.FINISHED)
 WIDE = 120  # columns from which one table fits; below, one block per run
@@ -53,7 +52,7 @@ class RunView(BaseModel):
     total_iterations: int | None = None
     projected_finish: datetime | None = None
     deadline: datetime | None = None  # None: best-effort
-    outcome: Outcome | None = None  # finished runs: met/missed the deadline, stopped short, done (no deadline)
+    outcome: Outcome | None = None  # finished runs: as the worker recorded it from the run's final state
     finished_at: datetime | None = None  # when its process ended (the last `release` allocation)
     reason: str | None = None  # a rejection's reason code
     detail: str = ""  # the rejection's message, why it waits, or the decision's message
@@ -160,11 +159,12 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
         view.phase, view.projected_finish = RunPhase.FINISHED, None
         releases = [a.at for a in allocations if a.action == AllocationAction.RELEASE]
         view.finished_at = _aware(releases[-1] if releases else row.updated_at)
-        reached = snap is not None and snap.total_iterations > 0 and snap.iteration >= snap.total_iterations
-        view.outcome = ("stopped" if not reached else "done" if view.deadline is None
-                        else "met" if view.finished_at <= view.deadline else "missed")
-        if not reached:
-            view.detail = f"stopped at iteration {view.iteration or 0} of {view.total_iterations}"
+        recorded = getattr(row, "outcome", None)  # absent from a store an older worker wrote
+        view.outcome = Outcome(recorded) if recorded else outcome_of(
+            None, view.iteration or 0, view.total_iterations or 0,
+            view.deadline.timestamp() if view.deadline else None, view.finished_at.timestamp())
+        if view.outcome not in (Outcome.MET, Outcome.MISSED, Outcome.DONE):
+            view.detail = f"{view.outcome.value} at iteration {view.iteration or 0} of {view.total_iterations}"
     elif stored in (RunPhase.ARRIVED, RunPhase.PROFILING) and decision is None:
         view.phase = stored
         view.detail = "profiling its speed" if stored == RunPhase.PROFILING else "waiting for its admission decision"
@@ -221,10 +221,10 @@ def _progress(view: RunView) -> str:
 def _result(view: RunView) -> str:
     """What came of it (finished), or the latest projection against the deadline."""
     if view.outcome:
-        if view.outcome in ("met", "missed") and view.finished_at and view.deadline:
+        if view.outcome in (Outcome.MET, Outcome.MISSED) and view.finished_at and view.deadline:
             spare = (view.deadline - view.finished_at).total_seconds()
-            return f"{view.outcome} ({_span(abs(spare))} {'early' if spare >= 0 else 'late'})"
-        return view.outcome
+            return f"{view.outcome.value} ({_span(abs(spare))} {'early' if spare >= 0 else 'late'})"
+        return view.outcome.value
     if view.phase == RunPhase.REJECTED:
         return view.reason or "rejected"
     if view.projected_finish and view.deadline:

@@ -16,7 +16,7 @@ from collections import deque
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from scheduler_service.contracts import RunPhase
+from scheduler_service.contracts import Outcome, RunPhase
 from scheduler_service.loop.run import RunView
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.plot import AllocationSample, allocation_markdown, samples_from_changes
@@ -47,6 +47,7 @@ class ClusterView:
         self._last_progress: dict[str, int] = {}
         self._last_sent = 0.0
         self._live: dict[str, JobView] = {}  # last view of each unfinished run
+        self._outcomes: dict[str, Outcome] = {}  # of runs that ended since the last snapshot
         self.finished: deque[JobView] = deque(maxlen=FINISHED_SHOWN)
 
     def follow(self, cluster: Cluster) -> None:
@@ -81,22 +82,27 @@ class ClusterView:
         return ClusterSnapshot(at=_dt(now), topology=topology.describe(), nodes=list(self.cluster.nodes),
                                gpus_per_node=topology.gpus_per_node, jobs=[*jobs, *self.finished])
 
-    def ended(self, run_id: str, iteration: int) -> None:
-        """The run's process ended at `iteration` (the loop's last word on it)."""
+    def ended(self, run_id: str, iteration: int, outcome: Outcome) -> None:
+        """The run ended at `iteration`, as `outcome` says (contracts.outcome_of)."""
         job = self._live.get(run_id)
         if job is not None:
+            self._outcomes[run_id] = outcome
             self._live[run_id] = job.model_copy(update=dict(iterations_done=float(iteration)))
 
     def _retire(self, live: set[str], now: float) -> None:
         """Runs gone since the last snapshot stay listed, with the iteration
-        they reached and when they ended: "finished" if that was the last
-        iteration, "stopped" if not (cancelled, failed, stopped), so a run that
-        never got there is not shown as having met its deadline."""
+        they reached, when they ended and how: "finished" if they completed,
+        else what their final state says (failed, cancelled) or "stopped", so
+        a run that did not complete is never shown as having met its deadline."""
         for run_id, job in self._live.items():
             if run_id in live:
                 continue
+            outcome = self._outcomes.pop(run_id, None)
             done = job.iterations_done
-            ended = "finished" if job.iterations_total > 0 and done >= job.iterations_total else "stopped"
+            if outcome is None:  # not told how it ended: what its iterations say
+                reached = job.iterations_total > 0 and done >= job.iterations_total
+                outcome = Outcome.DONE if reached else Outcome.STOPPED
+            ended = "finished" if outcome in (Outcome.MET, Outcome.MISSED, Outcome.DONE) else outcome.value
             self.finished.appendleft(job.model_copy(update=dict(
                 status=ended, gpus=[], iterations_done=done, projected_finish=_dt(now))))
 

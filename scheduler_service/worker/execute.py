@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -38,6 +39,21 @@ from scheduler_service.worker.reporting import Reporter
 log = logging.getLogger("prefect.workers.elasticflow.start_cost")  # shown with the worker's own lines
 
 
+@dataclass
+class Applied:
+    """What carrying out a step's actions leaves the worker to do: launch
+    these runs through Prefect, and tell how these ended once their final
+    state is known (after a cancelled one is settled)."""
+
+    launches: list[Any] = field(default_factory=list)
+    ended: list[tuple[ServiceRun, Release]] = field(default_factory=list)
+
+    def __iadd__(self, other: "Applied") -> "Applied":
+        self.launches += other.launches
+        self.ended += other.ended
+        return self
+
+
 class Executor:
     def __init__(self, loop: ControlLoop, registry: RunRegistry, reporter: Reporter,
                  cluster: Callable[[], Cluster]) -> None:
@@ -46,8 +62,8 @@ class Executor:
         self.reporter = reporter
         self.cluster = cluster  # the cluster as it is now (it follows a Ray cluster's nodes)
 
-    async def apply(self, actions: list[Action], now: float) -> list[Any]:
-        """Carry out `actions` in order; the launch responses to hand to Prefect."""
+    async def apply(self, actions: list[Action], now: float) -> Applied:
+        """Carry out `actions` in order."""
         admitted = [a for a in actions if isinstance(a, Admitted)]
         async with anyio.create_task_group() as group:  # independent requests: wait for the slowest only
             for action in admitted:
@@ -55,7 +71,7 @@ class Executor:
                 if run is not None:
                     run.admitted(action.share)
                     group.start_soon(self.reporter.admitted, run, action, self.loop.view(run.run_id, now), now)
-        launches = []
+        applied = Applied()
         for action in actions:
             if isinstance(action, Admitted):
                 continue
@@ -63,8 +79,10 @@ class Executor:
             if run is None:
                 continue
             if await self._one(run, action, now) and run.response is not None:
-                launches.append(run.response)
-        return launches
+                applied.launches.append(run.response)
+            if isinstance(action, Release):
+                applied.ended.append((run, action))
+        return applied
 
     async def _one(self, run: ServiceRun, action: Action, now: float) -> bool:
         """True if the run is to be launched now."""
@@ -91,7 +109,7 @@ class Executor:
                 await reporter.released(run, view)
             case Release():
                 self.registry.forget(run.run_id)
-                await reporter.finished(run, action, now)
+                await reporter.released_for_good(run, action)
             case RiskChanged():
                 reporter.risk(run, action, view)
             case GpusLost():

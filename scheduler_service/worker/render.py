@@ -80,6 +80,7 @@ _MARK = {
     Outlook.BEST_EFFORT: "best-effort",
 }
 _FINISHED = {"finished", "completed"}
+_ENDED_SHORT = {"stopped", "failed", "cancelled"}  # ended without completing: how is the phase's to say
 _PLAIN = {"running", "finished", "completed", "stopped"}  # phases the outlook already says
 
 
@@ -103,7 +104,7 @@ def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> O
     if job.deadline is None:
         return Outlook.BEST_EFFORT
     deadline = _utc(job.deadline)
-    if job.status == "stopped":  # neither met nor missed: nobody wants its result any more
+    if job.status in _ENDED_SHORT:  # neither met nor missed: nobody wants its result any more
         return Outlook.STOPPED
     if job.status in _FINISHED:
         if job.projected_finish is None:

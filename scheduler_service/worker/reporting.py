@@ -20,7 +20,16 @@ from typing import Any
 
 import anyio
 
-from scheduler_service.contracts import AllocationAction, EventName, Label, Rejection, RunPhase, StateName
+from scheduler_service.contracts import (
+    AllocationAction,
+    EventName,
+    Label,
+    Outcome,
+    Rejection,
+    RunPhase,
+    StateName,
+    outcome_of,
+)
 from scheduler_service.loop.actions import Admitted, Command, Release, RiskChanged
 from scheduler_service.loop.run import RunView
 from scheduler_service.worker.publish import Publisher
@@ -193,12 +202,25 @@ class Reporter:
         self.store.upsert_job(run.run_id, gpus="")
         await self._history_now(run, AllocationAction.RELEASED, (), view)
 
-    async def finished(self, run: ServiceRun, release: Release, now: float) -> None:
-        """Its process ended (or it left before it was launched): store first, then the rest."""
+    async def released_for_good(self, run: ServiceRun, release: Release) -> None:
+        """Its process ended (or it left before it was launched): its GPUs are
+        free, in the store first; how it ended is told once its final state is known."""
         self.store.upsert_job(run.run_id, RunPhase.FINISHED, gpus="")
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASE.value, gpus=""))
-        self.tell(run, outcome_line(run.deadline, release.iteration, release.iterations, now))
         await self._history(run, AllocationAction.RELEASE, (), release.iteration, None)
+
+    def ended(self, run: ServiceRun, release: Release, state: str | None, why: str | None,
+              now: float) -> Outcome:
+        """How it ended, by one rule (contracts.outcome_of): in the store, the
+        run's own log and an `elasticflow.run.ended` event."""
+        outcome = outcome_of(state, release.iteration, release.iterations, run.deadline, now)
+        self.store.upsert_job(run.run_id, outcome=outcome.value)
+        self.tell(run, outcome_line(outcome, run.deadline, release.iteration, release.iterations, now, why),
+                  warning=outcome in (Outcome.FAILED, Outcome.MISSED))
+        self.publisher.event(run.run_id, EventName.RUN_ENDED, {
+            "outcome": outcome.value, "state": state, "iteration": release.iteration,
+            "iterations": release.iterations, "deadline": iso(run.deadline), "ended": iso(now)})
+        return outcome
 
     def risk(self, run: ServiceRun, change: RiskChanged, view: RunView | None) -> None:
         """Automations and the run's own page hear of a deadline at risk, and of its recovery."""

@@ -42,6 +42,7 @@ class RunRecord(SQLModel, table=True):
     share: int | None = None
     gpus: str = ""  # GPU ids it holds now, "0,1"
     message: str = ""
+    outcome: str | None = None  # an Outcome, once it ended: from its final Prefect state
     updated_at: datetime = Field(default_factory=_now)
 
 
@@ -75,6 +76,20 @@ class ServiceStore:
     def __init__(self, engine: Engine | None = None) -> None:
         self.engine = engine or get_engine()
         SQLModel.metadata.create_all(self.engine)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A store an older version made lacks the columns added since
+        (`create_all` makes tables, never columns): add them, empty."""
+        from sqlalchemy import inspect, text
+
+        for table in (RunRecord.__table__,):  # type: ignore[attr-defined]
+            present = {c["name"] for c in inspect(self.engine).get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in present:
+                    kind = column.type.compile(dialect=self.engine.dialect)
+                    with self.engine.begin() as connection:
+                        connection.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
 
     def upsert_job(self, flow_run_id: str, phase: RunPhase | None = None, **fields: object) -> None:
         """Create or update the run's row: its phase, and any other columns given."""

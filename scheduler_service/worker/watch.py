@@ -52,6 +52,22 @@ class PrefectWatch:
         log.info("flow run %s was cancelled %s; marked Cancelled", flow_run_id, when)
         return True
 
+    async def final_state(self, run_id: str, timeout_s: float = 5.0) -> tuple[str | None, str | None]:
+        """The run's final state's type and message, as Prefect has it now;
+        (None, None) if that cannot be read in time (then its iterations say
+        how it ended)."""
+        import anyio
+
+        try:
+            with anyio.fail_after(timeout_s):
+                state = (await self.client.read_flow_run(UUID(run_id))).state
+        except Exception:
+            log.warning("could not read the final state of flow run %s", run_id, exc_info=True)
+            return None, None
+        if state is None:
+            return None, None
+        return state.type.value, state.message
+
     async def vanished(self, waiting: Iterable[str], scheduled: set[str]) -> list[str]:
         """Runs not started yet that left the Scheduled state without us
         (cancelled or deleted in the UI): they give back their place."""

@@ -3,7 +3,8 @@ runs and how it stands against its deadline, and how it ended."""
 
 from __future__ import annotations
 
-from scheduler_service.contracts import epoch_to_datetime
+from scheduler_service.contracts import Outcome, epoch_to_datetime
+from scheduler_service.markdown import printable
 
 
 def iso(seconds: float | None) -> str | None:
@@ -41,12 +42,19 @@ def outlook_line(deadline: float | None, finish: float | None, now: float, margi
             f"({span(abs(spare))} {'to spare' if spare >= 0 else 'late'})")
 
 
-def outcome_line(deadline: float | None, iteration: int, iterations: float, now: float) -> str:
-    """How the run ended against its deadline, as its GPUs are released."""
-    if iteration < iterations:
-        return f"ended after {iteration}/{iterations:.0f} iterations (stopped); its GPUs are free"
-    if deadline is None:
+def outcome_line(outcome: Outcome, deadline: float | None, iteration: int, iterations: float, now: float,
+                 why: str | None = None) -> str:
+    """How the run ended, as its GPUs are released: what its final state says, never only its iterations."""
+    progress = f"{iteration}/{iterations:.0f} iterations"
+    because = f": {printable(why)[:500]}" if why else ""
+    if outcome in (Outcome.MET, Outcome.MISSED):
+        spare = (deadline or now) - now
+        return (f"finished at {clock(now)}: deadline {outcome.value} ({span(abs(spare))} "
+                f"{'to spare' if spare >= 0 else 'late'}); its GPUs are free")
+    if outcome is Outcome.DONE:
         return f"finished at {clock(now)} (best-effort); its GPUs are free"
-    spare = deadline - now
-    return (f"finished at {clock(now)}: deadline {'met' if spare >= 0 else 'missed'} "
-            f"({span(abs(spare))} {'to spare' if spare >= 0 else 'late'}); its GPUs are free")
+    if outcome is Outcome.FAILED:
+        return f"failed at {clock(now)} after {progress}{because}; its GPUs are free"
+    if outcome is Outcome.CANCELLED:
+        return f"cancelled at {clock(now)} after {progress}; its GPUs are free"
+    return f"ended after {progress} (stopped); its GPUs are free"

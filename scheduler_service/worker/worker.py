@@ -26,7 +26,6 @@ from prefect.workers.process import ProcessWorker
 from flows.training.launch import LaunchSpec
 from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
-from scheduler_service.loop.actions import Action, Release
 from scheduler_service.loop.events import CancelRequested, Ended, Event
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import intake
@@ -38,7 +37,7 @@ from scheduler_service.worker.configuration import (
     ElasticFlowVariables,
     ElasticFlowWorkerResult,
 )
-from scheduler_service.worker.execute import Executor
+from scheduler_service.worker.execute import Applied, Executor
 from scheduler_service.worker.membership import follow
 from scheduler_service.worker.prefect_api import runs_task_group, scheduled_runs, submit, synced
 from scheduler_service.worker.profiling import Profiler, measure_in_processes
@@ -137,7 +136,7 @@ class ElasticFlowWorker(ProcessWorker):
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
                                         self.cluster.topology.max_job_gpus, now, self.backend.alive):
             self.registry.add(run)
-            await self._act(self.loop.handle(event, now), now)
+            await self.executor.apply(self.loop.handle(event, now), now)
             where = f"on GPUs {','.join(map(str, event.held))}" if event.running else "still waiting for GPUs"
             self._logger.info("adopted %s flow run %s %s", "running" if event.running else "admitted",
                               run.run_id, where)
@@ -168,9 +167,11 @@ class ElasticFlowWorker(ProcessWorker):
         now = self.clock()
         took_in, launches = await self.take_in.take(responses, now)
         events, gone_elsewhere = await self._watched({str(entry.flow_run.id) for entry in responses}, now)
-        launches += await self.decide(now, events)
+        applied = await self.decide(now, events)
         for run_id in gone_elsewhere:  # released first, then its Prefect state settled
             await self.watch.settle(run_id, "and its process is gone")
+        await self._tell_how_they_ended(applied)
+        launches += applied.launches
         names = {run.run_id: run.name for run in self.registry}
         await self.view.show(self.client, self.loop.views(now), names, now)
         return took_in, await submit(self, launches)
@@ -184,7 +185,8 @@ class ElasticFlowWorker(ProcessWorker):
         running = {run.run_id: run for run in self.registry
                    if run.run_id in views and views[run.run_id].phase == RunPhase.RUNNING}
         waiting = [run.run_id for run in self.registry if run.run_id not in running]
-        events: list[Event] = [Ended(run_id) for run_id in await self.watch.vanished(waiting, scheduled)]
+        events: list[Event] = [e for run_id, run in running.items() for e in observe(run_id, run.channel)]
+        events += [Ended(run_id) for run_id in await self.watch.vanished(waiting, scheduled)]
         foreign = [run_id for run_id, run in running.items() if run.foreign_process]
         ended = await self.watch.ended(foreign)
         stop, gone = await self.watch.cancelling({i: run.foreign_process for i, run in running.items()}, now)
@@ -198,8 +200,6 @@ class ElasticFlowWorker(ProcessWorker):
                     outcome.reason, outcome.message, None))
             else:
                 events.append(intake.arrival(outcome.run, outcome.points, self.loop.topology.max_job_gpus, now))
-        for run_id, run in running.items():
-            events += observe(run_id, run.channel)
         for run_id in [e.run_id for e in events if isinstance(e, Ended)]:
             self.profiler.forget(run_id)
             if run_id not in views:  # never decided: nothing of it is the loop's
@@ -217,18 +217,18 @@ class ElasticFlowWorker(ProcessWorker):
             events.append(change.event)
         return events, [*ended, *gone]
 
-    async def decide(self, now: float, events: list[Event] | None = None) -> list[Any]:
-        """Tell the loop what happened, step it, and carry out what it decides:
-        the runs to launch now."""
+    async def decide(self, now: float, events: list[Event] | None = None) -> Applied:
+        """Tell the loop what happened, step it, and carry out what it decides."""
         actions = [action for event in events or [] for action in self.loop.handle(event, now)]
-        return await self._act(actions + self.loop.step(now), now)
+        return await self.executor.apply(actions + self.loop.step(now), now)
 
-    async def _act(self, actions: list[Action], now: float) -> list[Any]:
-        launches = await self.executor.apply(actions, now)
-        for action in actions:
-            if isinstance(action, Release):
-                self.view.ended(action.run_id, action.iteration)
-        return launches
+    async def _tell_how_they_ended(self, applied: Applied) -> None:
+        """Once their final state is known (a cancelled one settled), how the
+        runs that ended did: by the one rule of contracts.outcome_of."""
+        for run, release in applied.ended:
+            state, why = await self.watch.final_state(run.run_id) if release.launched else ("CANCELLED", None)
+            outcome = self.reporter.ended(run, release, state, why, self.clock())
+            self.view.ended(run.run_id, release.iteration, outcome)
 
     def clock(self) -> float:
         """Now, on the loop's clock: epoch seconds."""
@@ -238,14 +238,14 @@ class ElasticFlowWorker(ProcessWorker):
     async def _propose_pending_state(self, flow_run: FlowRun) -> bool:
         ok = await super()._propose_pending_state(flow_run)
         if not ok:  # cancelled meanwhile: its GPUs were never used
-            await self.ended(str(flow_run.id))
+            await self._tell_how_they_ended(await self.ended(str(flow_run.id)))
         return ok
 
     async def run(self, flow_run: FlowRun, configuration: ElasticFlowJobConfiguration,
                   task_status: Optional[anyio.abc.TaskStatus[Any]] = None) -> ElasticFlowWorkerResult:
         run_id = str(flow_run.id)
         if not await self.watch.still_to_launch(flow_run):
-            await self.ended(run_id)
+            await self._tell_how_they_ended(await self.ended(run_id))
             if task_status is not None:
                 task_status.started(0)  # no process: Prefect records no PID and releases its slot
             return ElasticFlowWorkerResult(identifier="", status_code=0)
@@ -267,8 +267,9 @@ class ElasticFlowWorker(ProcessWorker):
         try:
             result = await super().run(flow_run, configuration, Identified(task_status, self.backend))
         finally:
-            await self.ended(run_id)
+            ended = await self.ended(run_id)  # its GPUs are free: in the store first
             await self.watch.settle(flow_run.id, "and its process has exited")
+            await self._tell_how_they_ended(ended)
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: ElasticFlowJobConfiguration,
@@ -282,13 +283,16 @@ class ElasticFlowWorker(ProcessWorker):
         except InfrastructureGone:
             raise InfrastructureNotFound(f"no process of this flow run at {infrastructure_pid}") from None
 
-    async def ended(self, run_id: str) -> None:
-        """The run's process exited (or it never started): its GPUs are free and it is forgotten."""
+    async def ended(self, run_id: str) -> Applied:
+        """The run's process exited (or it never started): its GPUs are free and
+        it is forgotten, after its channel's last word (the iteration it reached)."""
         now = self.clock()
         self.profiler.forget(run_id)
-        actions = self.loop.handle(Ended(run_id), now)
-        await self._act(actions, now)
+        run = self.registry.get(run_id)
+        events = [*(observe(run_id, run.channel) if run is not None else []), Ended(run_id)]
+        applied = await self.executor.apply([a for e in events for a in self.loop.handle(e, now)], now)
         self.registry.forget(run_id)
+        return applied
 
     def bookkeeping(self) -> dict[str, int]:
         """Sizes of what the worker keeps, for the test that it does not grow with ended runs."""

@@ -13,7 +13,7 @@ from scheduler_service.store.db import get_engine
 from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
 
 CLUSTER = Path(__file__).resolve().parents[2] / "data" / "clusters" / "n16g4.csv"  # 64 GPUs, 4 a node
-KINDS = ("profiling", "waiting", "parked", "running", "rescaling", "met", "missed", "stopped", "rejected")
+KINDS = ("profiling", "waiting", "parked", "running", "rescaling", "met", "missed", "stopped", "rejected", "failed")
 TOTAL = 500
 REJECTION = ("infeasible_even_on_an_idle_cluster", "even the whole cluster cannot finish 500 iterations by then")
 
@@ -46,7 +46,7 @@ def fill(home: Path, runs: int = 100) -> dict[str, str]:
         gpus = str(gpu - 1)
         store.add(AllocationRecord(flow_run_id=run_id, action=AllocationAction.LAUNCH.value, gpus=gpus))
         store.upsert_job(run_id, RunPhase.RUNNING, gpus=gpus)
-        done = TOTAL if kind in ("met", "missed") else 200
+        done = TOTAL if kind in ("met", "missed", "failed") else 200  # failed: at its last save
         channel.publish_status({"run_key": run_id, "iteration": done, "total_iterations": TOTAL,
                                 "gpus": [gpu - 1], "iterations_per_s": 20.0, "deadline": deadline.isoformat(),
                                 "projected_finish": (now + timedelta(minutes=10)).isoformat(), "event": "progress"})
@@ -56,8 +56,9 @@ def fill(home: Path, runs: int = 100) -> dict[str, str]:
             store.upsert_job(run_id, gpus="")
         elif kind == "rescaling":
             channel.request("rescale", [gpu - 1, 63])
-        elif kind in ("met", "missed", "stopped"):
+        elif kind in ("met", "missed", "stopped", "failed"):
             ended = deadline + timedelta(minutes=5) if kind == "missed" else now - timedelta(minutes=1)
             store.add(AllocationRecord(flow_run_id=run_id, action=AllocationAction.RELEASE.value, gpus="", at=ended))
             store.upsert_job(run_id, RunPhase.FINISHED, gpus="")
+            store.upsert_job(run_id, outcome=kind)  # as the worker records it, from the final state
     return kinds

@@ -22,7 +22,8 @@ from tests.cli.runs import CLUSTER, REJECTION, TOTAL, fill
 
 PHASE = {"profiling": RunPhase.PROFILING, "waiting": RunPhase.ADMITTED, "parked": RunPhase.ADMITTED,
          "running": RunPhase.RUNNING, "rescaling": RunPhase.RESCALING, "met": RunPhase.FINISHED,
-         "missed": RunPhase.FINISHED, "stopped": RunPhase.FINISHED, "rejected": RunPhase.REJECTED}
+         "missed": RunPhase.FINISHED, "stopped": RunPhase.FINISHED, "rejected": RunPhase.REJECTED,
+         "failed": RunPhase.FINISHED}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -61,10 +62,10 @@ def test_piped_output_names_every_run_phase_outcome_and_reason(home: Path, kinds
     _register()
     result = CliRunner().invoke(app, ["status", "--home", str(home)])
     assert result.exit_code == 0, result.output
-    assert "100 runs: 11 running, 11 rescaling, 22 admitted-waiting, 12 profiling, 11 rejected, 33 finished" \
+    assert "100 runs: 10 running, 10 rescaling, 20 admitted-waiting, 10 profiling, 10 rejected, 40 finished" \
         in result.output
-    assert "GPUs: 22 of 64 busy; free: 22-63" in result.output
-    assert "  node-0  0:run-003 1:run-004 2:run-012 3:run-013" in result.output
+    assert "GPUs: 20 of 64 busy; free: 20-63" in result.output
+    assert "  node-0  0:run-003 1:run-004 2:run-013 3:run-014" in result.output
     blocks = _blocks(result.output)
     assert set(blocks) == set(kinds)
     for name, kind in kinds.items():
@@ -74,9 +75,11 @@ def test_piped_output_names_every_run_phase_outcome_and_reason(home: Path, kinds
         if kind == "rejected":
             assert f"rejected: {REJECTION[0]}" in head and REJECTION[1] in block
             assert "earliest feasible deadline" in block
-        elif kind in ("met", "missed", "stopped"):
+        elif kind in ("met", "missed", "stopped", "failed"):
             assert f"finished: {kind}" in head and "finished " in block
             assert (f"it {TOTAL}/{TOTAL}" in block) == (kind != "stopped")
+            if kind == "failed":  # at its last iteration, but it ended Failed: never "met"
+                assert "met" not in head
         elif kind == "parked":
             assert "parked" in block and "no GPUs" in block
         elif kind == "waiting":
@@ -114,12 +117,12 @@ def test_json_is_the_status_report_model(home: Path, kinds: dict[str, str]) -> N
     result = CliRunner().invoke(app, ["status", "--home", str(home), "--json"])
     assert result.exit_code == 0, result.output
     data = StatusReport.model_validate_json(result.output)
-    assert len(data.gpus) == 64 and sum(bool(s.holder) for s in data.gpus) == 22
+    assert len(data.gpus) == 64 and sum(bool(s.holder) for s in data.gpus) == 20
     by_name = {run.name: run for run in data.runs}
     for name, kind in kinds.items():
         run = by_name[name]
         assert run.phase == PHASE[kind]
-        if kind in ("met", "missed", "stopped"):
+        if kind in ("met", "missed", "stopped", "failed"):
             assert run.outcome == kind and run.finished_at is not None
         if kind == "rejected":
             assert (run.reason, run.detail) == REJECTION and run.earliest_feasible_deadline is not None

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from scheduler_service.contracts import RunPhase
+from scheduler_service.contracts import Outcome, RunPhase
 from scheduler_service.loop.run import RunView
 from scheduler_service.worker.cluster import load
 from scheduler_service.worker.cluster_view import REFRESH_S, ClusterView
@@ -56,7 +56,7 @@ def test_a_finished_run_stays_listed_with_whether_it_met_its_deadline() -> None:
     view = _view()
     view.snapshot([_run("run-a", deadline_in_s=600, gpus=(0, 1), iteration=900, finish_in_s=30)], {"run-a": "ranker"},
                   NOW)
-    view.ended("run-a", 1000)  # what the loop said of it as it ended
+    view.ended("run-a", 1000, Outcome.MET)  # how it ended, from its final state
     snapshot = view.snapshot([], {}, NOW + 40)
     (job,) = snapshot.jobs
     assert (job.status, job.iterations_done, job.gpus, job.name) == ("finished", 1000, [], "ranker")
@@ -66,12 +66,22 @@ def test_a_finished_run_stays_listed_with_whether_it_met_its_deadline() -> None:
 def test_a_run_that_ended_before_its_last_iteration_is_shown_stopped_not_met() -> None:
     view = _view()
     view.snapshot([_run("run-a", deadline_in_s=600, gpus=(0, 1), iteration=300, finish_in_s=200)], {}, NOW)
-    view.ended("run-a", 300)  # cancelled at iteration 300 of 1000
+    view.ended("run-a", 300, Outcome.CANCELLED)  # cancelled at iteration 300 of 1000
     snapshot = view.snapshot([], {}, NOW + 10)
     (job,) = snapshot.jobs
-    assert (job.status, job.iterations_done) == ("stopped", 300)
+    assert (job.status, job.iterations_done) == ("cancelled", 300)
     text = view.markdown(snapshot, NOW + 10)
-    assert "| stopped |" in text and "met" not in text.split("## Jobs")[1].split("_MSS")[0]
+    assert "| stopped · cancelled |" in text and "met" not in text.split("## Jobs")[1].split("_MSS")[0]
+
+
+def test_a_run_that_failed_at_its_last_iteration_is_shown_failed_not_met() -> None:
+    """Its status file reached the last iteration, but its final save failed
+    and the run ended Failed: the outcome is its final state's."""
+    view = _view()
+    view.snapshot([_run("run-a", deadline_in_s=600, gpus=(0, 1), iteration=999, finish_in_s=5)], {}, NOW)
+    view.ended("run-a", 1000, Outcome.FAILED)
+    (job,) = view.snapshot([], {}, NOW + 10).jobs
+    assert job.status == "failed" and "| met |" not in view.markdown(view.snapshot([], {}, NOW + 10), NOW + 10)
 
 
 def test_after_a_restart_the_plot_starts_from_the_stored_allocations() -> None:

@@ -150,6 +150,28 @@ def test_the_layout_choices_pick_the_re_plan_or_the_freer_layout():
     assert FreestWithin(1.0).choose(None, lambda: Refused("x"), Timeline(8), 0, clock) is None
 
 
+def test_the_policy_admits_by_the_layout_and_places_by_the_tiers_its_strategies_choose():
+    class Neither:
+        def choose(self, fast, replan, timeline, slot, clock):
+            return None
+
+    class Recorded:
+        def __init__(self):
+            self.asked = []
+
+        def split(self, cannot_afford):
+            self.asked.append((cannot_afford(1), cannot_afford(2)))
+            return PINNED_ONLY.split(cannot_afford)
+
+    (decision,) = policy_with(layout=Neither()).schedule(SchedulingRequest(0.0, [job("a", 3600, 7200.0)])).decisions
+    assert decision.reason is RejectReason.INSUFFICIENT_CAPACITY  # it fits an idle cluster, but no layout was chosen
+    tiers = Recorded()
+    policy = policy_with(tiers=tiers)
+    policy.schedule(SchedulingRequest(0.0, [job("a", 3600, 7200.0)]))
+    policy.schedule(SchedulingRequest(60.0, [], status={"a": JobStatus(3600, policy.placer.blocks["a"][1])}))
+    assert len(tiers.asked) == 2
+
+
 @pytest.mark.parametrize("name", ["elasticflow", "elasticflow-overload", "elasticflow-noadmit"])
 def test_every_elasticflow_policy_is_built_with_the_strategies_it_is_given(name):
     strategies = ElasticFlowStrategies(order=DEADLINE_ORDER)

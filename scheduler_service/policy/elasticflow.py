@@ -108,13 +108,21 @@ class ElasticFlowPolicy(SchedulingPolicy):
             slack = self.strategies.replan_keeps.slack(self._allowance(job, levels), have - st.remaining)
         return Candidate(job, st, levels, slack, plan if job_id in self.guaranteed else None)
 
+    def _refresh(self, slot: int, status: Mapping[str, JobStatus]) -> None:
+        """Let `strategies.refresh` renew admitted plans, once a slot, just
+        before the first deadline arrival that finds admitted jobs (the
+        authors' simulator re-plans at each arrival; refresh.py)."""
+        if self._refreshed == slot or not self.guaranteed:
+            return
+        self._refreshed = slot
+        refreshed = self.strategies.refresh.before_arrivals(self, slot, status)
+        if refreshed is not None:
+            self.timeline = refreshed.timeline
+            self.plans.update(refreshed.plans)
+
     def _arrive(self, job: Job, slot: int, status: dict[str, JobStatus]) -> Decision:
-        if job.deadline is not None and self.guaranteed and self._refreshed != slot:
-            self._refreshed = slot
-            refreshed = self.strategies.refresh.before_arrivals(self, slot, status)
-            if refreshed is not None:
-                self.timeline = refreshed.timeline
-                self.plans.update(refreshed.plans)
+        if job.deadline is not None:
+            self._refresh(slot, status)
         levels = self.levels_for(job)
         if not levels:
             return self._reject(job, RejectReason.NO_USABLE_GPU_COUNT,
@@ -279,10 +287,13 @@ class ElasticFlowPolicy(SchedulingPolicy):
         the free timeline, if there is room, so the next move does not find it
         with no slack; otherwise it keeps its plan (and is pinned sooner).
         Off in `strategies`, such a job stays on the slack it has left."""
-        for job_id in sorted(self.guaranteed) if self.strategies.restore_allowances else ():
+        moved, self.moved = self.moved, set()
+        if not self.strategies.restore_allowances:
+            return
+        for job_id in sorted(self.guaranteed):
             job, st, plan, levels = self.jobs[job_id], status[job_id], self.plans[job_id], self.levels[job_id]
             have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
-            if job_id not in self.moved and have >= st.remaining:
+            if job_id not in moved and have >= st.remaining:
                 continue  # on its plan
             allowance = self._allowance(job, levels)
             if have - st.remaining >= allowance:
@@ -291,7 +302,6 @@ class ElasticFlowPolicy(SchedulingPolicy):
             new = self.plan_on(Candidate(job, st, levels, allowance), slot, self.timeline)
             self.plans[job_id] = plan = new or plan
             self.timeline.add(plan.runs, since=slot)
-        self.moved = set()
 
     # -- allocation ----------------------------------------------------------
     def _safe(self, job_id: str, gpus: int, slot: int, own: JobStatus) -> bool:

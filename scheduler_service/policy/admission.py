@@ -7,12 +7,12 @@ empty timeline (admitted jobs that ran ahead of their plans need less now,
 which can make room). A rejection says which constraint failed and the
 earliest deadline that would be admitted right now.
 
-The re-plan goes in order of least laxity (time to the deadline less the
-time the rest takes at the widest level), not of deadline: a job due later
-that cannot wait is planned before one due sooner that can, so the jobs
-with room to move are the ones laid around the others. On 100 generated
-traces that admits 0.01-0.09 more of the jobs than deadline order at every
-load, with the same guarantee (docs/scheduling.md).
+The re-plan goes in the order a `ReplanOrder` gives and plans take the shape
+a `PlanShape` gives (planning.py): shipped, least laxity first (time to the
+deadline less the time the rest takes at the widest level), which on 100
+generated traces admits 0.01-0.09 more of the jobs than deadline order at
+every load with the same guarantee, and plans moved forward from now
+(docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Iterable, Mapping
 
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.placement import BuddyAllocator
-from scheduler_service.policy.plan import COVER_SLACK, Plan, SlotClock, fill, minimum_satisfactory_share
+from scheduler_service.policy.plan import COVER_SLACK, Plan, SlotClock, filled_share, fill
+from scheduler_service.policy.planning import FRONT_LOADED, LEAST_LAXITY, PlanShape, ReplanOrder
 from scheduler_service.policy.timeline import Timeline
 
 
@@ -52,10 +53,21 @@ class Candidate:
         assert self.job.deadline is not None
         return self.job.deadline - now - self.need / self.job.curve.speed(self.levels[-1])
 
-    def order(self, now: float) -> tuple[float, float, float, str]:
-        """Re-plans go least laxity first; ties by deadline, then arrival."""
-        assert self.job.deadline is not None
-        return (self.laxity(now), self.job.deadline, self.job.submit_time, self.job.job_id)
+
+@dataclass(frozen=True, slots=True)
+class Replanned:
+    """A re-plan that worked: the timeline with every plan in it reserved, and
+    the new plans by job id (the newcomer's among them)."""
+
+    timeline: Timeline
+    plans: dict[str, Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A re-plan that did not work, naming the first job it could not plan."""
+
+    job_id: str
 
 
 def migration_allowance(job: Job, levels: tuple[int, ...], clock: SlotClock) -> float:
@@ -65,64 +77,82 @@ def migration_allowance(job: Job, levels: tuple[int, ...], clock: SlotClock) -> 
     return max(speed[g] * clock.overhead(g) for g in levels)
 
 
-def plan_one(cand: Candidate, now_slot: int, timeline: Timeline, clock: SlotClock) -> Plan | None:
+def plan_one(
+    cand: Candidate, now_slot: int, timeline: Timeline, clock: SlotClock, shape: PlanShape = FRONT_LOADED
+) -> Plan | None:
+    """The candidate's MSS plan on this timeline, laid out by `shape`; None if
+    no share meets its deadline."""
     assert cand.job.deadline is not None
     st = cand.status
-    return minimum_satisfactory_share(
-        cand.job.curve, cand.levels, cand.need, now_slot, cand.job.deadline,
-        timeline, st.gpus, st.overhead_left, clock,
-    )
+    filled = filled_share(cand.job.curve, cand.levels, cand.need, now_slot, cand.job.deadline,
+                          timeline, st.gpus, st.overhead_left, clock)
+    return None if filled is None else shape.lay_out(filled, cand, now_slot, timeline, clock)
 
 
 def plan_all(
-    cands: Iterable[Candidate], now_slot: int, capacity: int, clock: SlotClock, base: Timeline | None = None
-) -> tuple[Timeline, dict[str, Plan]] | str:
-    """MSS plans for all candidates, least laxity first, on `base` (what
-    jobs left out of the re-plan hold) or an empty timeline; or the id of the
-    first job that cannot be planned."""
+    cands: Iterable[Candidate],
+    now_slot: int,
+    capacity: int,
+    clock: SlotClock,
+    base: Timeline | None = None,
+    *,
+    order: ReplanOrder = LEAST_LAXITY,
+    shape: PlanShape = FRONT_LOADED,
+) -> Replanned | Refused:
+    """MSS plans for all candidates, in `order`, on `base` (what jobs left out
+    of the re-plan hold) or an empty timeline; or the first job that cannot
+    be planned."""
     timeline = Timeline(capacity, now_slot) if base is None else base
     now = now_slot * clock.interval
     plans: dict[str, Plan] = {}
-    for cand in sorted(cands, key=lambda c: c.order(now)):
-        plan = plan_one(cand, now_slot, timeline, clock)
+    for cand in sorted(cands, key=lambda c: order.key(c, now)):
+        plan = plan_one(cand, now_slot, timeline, clock, shape)
         if plan is None and cand.previous is not None and _fits(cand.previous, now_slot, timeline):
             plan = Plan(cand.previous.future(now_slot), cand.previous.share)  # keep what already worked
         if plan is None:
-            return cand.job.job_id
+            return Refused(cand.job.job_id)
         timeline.add(plan.runs)
         plans[cand.job.job_id] = plan
-    return timeline, plans
+    return Replanned(timeline, plans)
 
 
 def displace(
-    cand: Candidate, movable: Iterable[Candidate], now_slot: int, timeline: Timeline, clock: SlotClock
-) -> tuple[Timeline, dict[str, Plan]] | str:
+    cand: Candidate,
+    movable: Iterable[Candidate],
+    now_slot: int,
+    timeline: Timeline,
+    clock: SlotClock,
+    *,
+    order: ReplanOrder = LEAST_LAXITY,
+    shape: PlanShape = FRONT_LOADED,
+) -> Replanned | Refused:
     """Make room for `cand` by re-planning a few admitted jobs with later
     deadlines (`movable`, most promising first, each with its current plan
     as `previous`): take their plans out one by one until the newcomer fits,
-    then re-plan them, least laxity first, around it. Costs a few plans, not
-    one per admitted job; returns the newcomer's id if that does not work."""
+    then re-plan them, in `order`, around it. Costs a few plans, not one per
+    admitted job; refuses the newcomer if that does not work."""
     work = timeline.copy()
     removed: list[Candidate] = []
+    now = now_slot * clock.interval
     for other in movable:
         assert other.previous is not None
         work.add(other.previous.runs, sign=-1, since=now_slot)
         removed.append(other)
-        plan = plan_one(cand, now_slot, work, clock)
+        plan = plan_one(cand, now_slot, work, clock, shape)
         if plan is None:
             continue
         trial = work.copy()
         trial.add(plan.runs)
         plans = {cand.job.job_id: plan}
-        for moved in sorted(removed, key=lambda c: c.order(now_slot * clock.interval)):
-            again = plan_one(moved, now_slot, trial, clock)
+        for moved in sorted(removed, key=lambda c: order.key(c, now)):
+            again = plan_one(moved, now_slot, trial, clock, shape)
             if again is None:
                 break
             trial.add(again.runs)
             plans[moved.job.job_id] = again
         else:
-            return trial, plans
-    return cand.job.job_id
+            return Replanned(trial, plans)
+    return Refused(cand.job.job_id)
 
 
 def _fits(plan: Plan, now_slot: int, timeline: Timeline) -> bool:

@@ -18,6 +18,7 @@ import heapq
 from typing import Callable, Mapping
 
 from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.plan import Plan, SlotClock, cover
 
 
 def step_cost(job: Job, levels: tuple[int, ...], remaining: float, have: int, want: int) -> float:
@@ -73,3 +74,32 @@ def grow(
             cost = step_cost(jobs[job_id], levels[job_id], status[job_id].remaining, want, nxt)
             heapq.heappush(heap, (cost, rank, job_id, nxt))
     return spare
+
+
+def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock) -> bool:
+    """Running the job on `gpus` GPUs from `slot` keeps its plan sufficient:
+    the plan still covers what is left after the restart this causes now and
+    one more for when the grant is taken back."""
+    assert job.deadline is not None
+    speed, overhead = job.curve.points, clock.overhead
+    now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
+    later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)
+    have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, clock)
+    # A grant lasts at least one interval (callers decide at most once per
+    # interval), in which the job outruns its plan by this much:
+    ahead = (speed[gpus] - job.curve.speed(plan.gpus_at(slot))) * clock.interval
+    return st.remaining + now_cost + later_cost <= have + ahead
+
+
+def affords_restarts(
+    job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock, restarts: int = 1
+) -> bool:
+    """Whether the job, running on `gpus` GPUs now, could absorb `restarts`
+    unplanned restarts (migrations) and still meet its plan: what placement
+    asks before it moves the job."""
+    assert job.deadline is not None
+    need = st.remaining + (restarts - 1) * job.curve.points[gpus] * clock.overhead(gpus)
+    if gpus == plan.gpus_at(slot):
+        # Following the plan, but paying a fresh restart for the run under way.
+        return cover(plan, job.curve, slot, job.deadline, -1, 0.0, clock) >= need
+    return grant_is_safe(job, plan, JobStatus(need, -1, 0.0), gpus, slot, clock)

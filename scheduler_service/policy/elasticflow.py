@@ -6,6 +6,11 @@ now on, covers its remaining iterations after paying for every restart it
 implies. Plans are replaced only by other plans that hold the same invariant,
 so an admitted job meets its deadline when throughputs are as profiled.
 
+Mechanisms with measured alternatives (the re-plan order, the plan shape,
+the migration allowance, placement tiers, refreshes, the layout choice) are
+strategies the policy is built with (`strategies=`, strategies.py); the
+defaults are the policy as shipped.
+
 With `admission=False` (the paper's ablation) nothing is rejected: a job that
 cannot be planned gets whatever its cap can still take before its deadline,
 in deadline order, and can crowd out later jobs.
@@ -17,26 +22,17 @@ from bisect import bisect_right, insort
 from typing import Mapping
 
 from scheduler_service.policy.admission import (
-    Candidate,
-    migration_allowance,
-    earliest_deadline,
-    displace,
-    placeable_throughout,
-    plan_all,
-    plan_one,
+    Candidate, Refused, Replanned, displace, earliest_deadline, placeable_throughout, plan_all, plan_one,
 )
-from scheduler_service.policy.allocation import grow
+from scheduler_service.policy.allocation import affords_restarts, grant_is_safe, grow
 from scheduler_service.policy.interface import (
-    Decision,
-    RejectReason,
-    SchedulingPolicy,
-    SchedulingReply,
-    SchedulingRequest,
+    Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.placement import Placement
-from scheduler_service.policy.plan import Plan, cover, fill
+from scheduler_service.policy.plan import Overhead, Plan, cover, fill
+from scheduler_service.policy.strategies import SHIPPED, ElasticFlowStrategies
 from scheduler_service.policy.timeline import Timeline
 from scheduler_service.policy.topology import Topology
 
@@ -49,10 +45,17 @@ class ElasticFlowPolicy(SchedulingPolicy):
     name = "elasticflow"
 
     def __init__(
-        self, topology: Topology, interval: float = 60.0, overhead=PAPER_OVERHEAD, admission: bool = True
+        self,
+        topology: Topology,
+        interval: float = 60.0,
+        overhead: Overhead = PAPER_OVERHEAD,
+        admission: bool = True,
+        *,
+        strategies: ElasticFlowStrategies = SHIPPED,
     ) -> None:
         super().__init__(topology, interval, overhead)
         self.admission = admission
+        self.strategies = strategies
         self.timeline = Timeline(topology.num_gpus)
         self.jobs: dict[str, Job] = {}
         self.levels: dict[str, tuple[int, ...]] = {}
@@ -60,6 +63,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.guaranteed: set[str] = set()  # those whose plan meets the deadline
         self.by_deadline: list[tuple[float, str]] = []  # (deadline, id) of admitted deadline jobs, sorted
         self.moved: set[str] = set()  # guaranteed jobs the last placement moved
+        self._refreshed: int | None = None  # the last slot whose plans strategies.refresh renewed
 
     # -- the one entry point -------------------------------------------------
     def schedule(self, request: SchedulingRequest) -> SchedulingReply:
@@ -77,32 +81,48 @@ class ElasticFlowPolicy(SchedulingPolicy):
             status.setdefault(job.job_id, JobStatus(job.iterations))
             decisions.append(self._arrive(job, slot, status))
         alloc = self._allocate(slot, status)
-        placement = self._place(slot, alloc, status)
+        placement = self._place(slot, alloc, status)  # may give grants back: before anything reads alloc
         wake = self._next_rise(slot, alloc)
-        return SchedulingReply(
-            decisions=decisions,
-            allocation=alloc,
-            placement=placement,
-            wake_at=None if wake is None else wake * self.clock.interval,
-            projected_finish=self.projected_finish(self.jobs, alloc, status, now),
-        )
+        return self.reply(request, decisions, alloc, self.jobs,
+                          wake_at=None if wake is None else wake * self.clock.interval, placement=placement)
 
     # -- admission -----------------------------------------------------------
     def levels_for(self, job: Job) -> tuple[int, ...]:
         """The GPU counts this policy may give the job: every useful power of two."""
         return job.curve.capped(self.topology.max_job_gpus)
 
-    def _candidate(self, job_id: str, status: Mapping[str, JobStatus], slot: int) -> Candidate:
-        """An admitted job, to be re-planned keeping the slack its plan has now."""
+    def plan_on(self, cand: Candidate, slot: int, timeline: Timeline) -> Plan | None:
+        """The candidate's plan on `timeline`, in this policy's plan shape."""
+        return plan_one(cand, slot, timeline, self.clock, self.strategies.shape)
+
+    def _allowance(self, job: Job, levels: tuple[int, ...]) -> float:
+        return self.strategies.allowance.iterations(job, levels, self.clock)
+
+    def candidate(self, job_id: str, status: Mapping[str, JobStatus], slot: int) -> Candidate:
+        """An admitted job, to be re-planned keeping the slack `strategies.replan_keeps` says."""
         job, st, levels = self.jobs[job_id], status[job_id], self.levels[job_id]
         plan = self.plans.get(job_id)
         slack = 0.0
         if plan is not None and job_id in self.guaranteed:
             have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
-            slack = min(migration_allowance(job, levels, self.clock), max(0.0, have - st.remaining))
+            slack = self.strategies.replan_keeps.slack(self._allowance(job, levels), have - st.remaining)
         return Candidate(job, st, levels, slack, plan if job_id in self.guaranteed else None)
 
+    def _refresh(self, slot: int, status: Mapping[str, JobStatus]) -> None:
+        """Let `strategies.refresh` renew admitted plans, once a slot, just
+        before the first deadline arrival that finds admitted jobs (the
+        authors' simulator re-plans at each arrival; refresh.py)."""
+        if self._refreshed == slot or not self.guaranteed:
+            return
+        self._refreshed = slot
+        refreshed = self.strategies.refresh.before_arrivals(self, slot, status)
+        if refreshed is not None:
+            self.timeline = refreshed.timeline
+            self.plans.update(refreshed.plans)
+
     def _arrive(self, job: Job, slot: int, status: dict[str, JobStatus]) -> Decision:
+        if job.deadline is not None:
+            self._refresh(slot, status)
         levels = self.levels_for(job)
         if not levels:
             return self._reject(job, RejectReason.NO_USABLE_GPU_COUNT,
@@ -112,7 +132,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
             self.jobs[job.job_id] = job
             return Decision(job_id=job.job_id, admitted=True, message="best-effort: runs on spare GPUs")
         now = slot * self.clock.interval
-        cand = Candidate(job, status[job.job_id], levels, migration_allowance(job, levels, self.clock))
+        cand = Candidate(job, status[job.job_id], levels, self._allowance(job, levels))
         if job.deadline <= now:  # still says what deadline would have been accepted now
             return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed",
                                 self._earliest(cand, slot))
@@ -125,45 +145,49 @@ class ElasticFlowPolicy(SchedulingPolicy):
             return Decision(job_id=job.job_id, admitted=True, share=plan.share,
                             message="admitted without a guarantee (admission control is off)")
         empty = Timeline(self.topology.num_gpus, slot)
-        if plan_one(cand, slot, empty, self.clock) is None:
+        if self.plan_on(cand, slot, empty) is None:
             return self._reject(
                 job, RejectReason.INFEASIBLE_ALONE,
                 f"even the whole cluster at {levels[-1]} GPUs cannot finish {job.iterations:.0f} iterations in time",
                 earliest_deadline(cand, slot, empty, self.clock),
             )
-        plan = plan_one(cand, slot, self.timeline, self.clock)
-        if plan is not None and placeable_throughout(plan, self.plans, self.topology.num_gpus):
-            refusal = self._refuse(cand, plan, self.timeline, slot)
+        fast = self.plan_on(cand, slot, self.timeline)
+        if fast is not None and not placeable_throughout(fast, self.plans, self.topology.num_gpus):
+            fast = None
+        chosen = self.strategies.layout.choose(
+            fast, lambda: self._replan_with(cand, slot, status), self.timeline, slot, self.clock)
+        if isinstance(chosen, Plan):
+            refusal = self._refuse(cand, chosen, self.timeline, slot)
             if refusal is not None:
                 return refusal
-            self._reserve(job, plan, guaranteed=True)
-            return self._admit(job, plan)
-        replanned = self._replan_with(cand, slot, status)
-        if not isinstance(replanned, str):
-            timeline, plans = replanned
-            timeline.add(plans[job.job_id].runs, sign=-1)  # what the others leave
-            refusal = self._refuse(cand, plans[job.job_id], timeline, slot)
-            timeline.add(plans[job.job_id].runs)
+            self._reserve(job, chosen, guaranteed=True)
+            return self._admit(job, chosen)
+        if chosen is not None:
+            own = chosen.plans[job.job_id]
+            chosen.timeline.add(own.runs, sign=-1)  # what the others leave
+            refusal = self._refuse(cand, own, chosen.timeline, slot)
+            chosen.timeline.add(own.runs)
             if refusal is not None:
                 return refusal
-            self._adopt(job, replanned)
-            return self._admit(job, self.plans[job.job_id])
+            self._adopt(job, chosen)
+            return self._admit(job, own)
         return self._reject(
             job, RejectReason.INSUFFICIENT_CAPACITY,
             f"the GPUs it would need before its deadline are reserved by {len(self.guaranteed)} admitted jobs",
             self._earliest(cand, slot),
         )
 
-    def _replan_with(self, cand: Candidate, slot: int, status: Mapping[str, JobStatus]) -> tuple[Timeline, dict[str, Plan]] | str:
+    def _replan_with(self, cand: Candidate, slot: int, status: Mapping[str, JobStatus]) -> Replanned | Refused:
         """Re-plan admitted jobs together with the newcomer. Up to
-        REPLAN_ALL_UP_TO admitted jobs, all of them in deadline order on an
-        empty timeline (which also drops what jobs that ran ahead no longer
+        REPLAN_ALL_UP_TO admitted jobs, all of them in the strategies' order on
+        an empty timeline (which also drops what jobs that ran ahead no longer
         need). Beyond, that costs tens of milliseconds a decision, so only the
         DISPLACE_AT_MOST admitted jobs due soonest after the newcomer that
         hold slots in its window are re-planned around it (bench/admission.py)."""
+        order, shape = self.strategies.order, self.strategies.shape
         if len(self.guaranteed) <= REPLAN_ALL_UP_TO:
-            return plan_all([self._candidate(j, status, slot) for j in self.guaranteed] + [cand],
-                            slot, self.topology.num_gpus, self.clock)
+            return plan_all([self.candidate(j, status, slot) for j in self.guaranteed] + [cand],
+                            slot, self.topology.num_gpus, self.clock, order=order, shape=shape)
         assert cand.job.deadline is not None
         end = self.clock.slot_after(cand.job.deadline)
         movable = []
@@ -171,10 +195,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
             job_id = self.by_deadline[i][1]
             plan = self.plans.get(job_id)
             if job_id in self.guaranteed and plan is not None and any(r.start < end and r.end > slot for r in plan.runs):
-                movable.append(self._candidate(job_id, status, slot))
+                movable.append(self.candidate(job_id, status, slot))
                 if len(movable) == DISPLACE_AT_MOST:
                     break
-        return displace(cand, movable, slot, self.timeline, self.clock)
+        return displace(cand, movable, slot, self.timeline, self.clock, order=order, shape=shape)
 
     def _earliest(self, cand: Candidate, slot: int) -> float | None:
         """The earliest deadline this policy would admit the job with now."""
@@ -194,9 +218,9 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.plans, self.guaranteed = {}, set()
         deadline_jobs = [j for j in self.jobs.values() if j.deadline is not None and j.deadline > slot * self.clock.interval]
         for job in sorted(deadline_jobs, key=lambda j: (j.deadline, j.submit_time, j.job_id)):
-            cand = Candidate(job, status[job.job_id], self.levels[job.job_id],
-                             migration_allowance(job, self.levels[job.job_id], self.clock))
-            plan = plan_one(cand, slot, timeline, self.clock)
+            levels = self.levels[job.job_id]
+            cand = Candidate(job, status[job.job_id], levels, self._allowance(job, levels))
+            plan = self.plan_on(cand, slot, timeline)
             if plan is None:
                 top = cand.levels[-1]
                 runs, _ = fill(job.curve, cand.levels, cand.status.remaining, slot, job.deadline, top,  # type: ignore[arg-type]
@@ -228,11 +252,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
             self.guaranteed.add(job.job_id)
             insort(self.by_deadline, (job.deadline, job.job_id))
 
-    def _adopt(self, job: Job, replanned: tuple[Timeline, dict[str, Plan]]) -> None:
-        timeline, plans = replanned
-        self.timeline = timeline
+    def _adopt(self, job: Job, replanned: Replanned) -> None:
+        self.timeline = replanned.timeline
         self.jobs[job.job_id] = job
-        self.plans.update(plans)
+        self.plans.update(replanned.plans)
         self.guaranteed.add(job.job_id)
         insort(self.by_deadline, (job.deadline, job.job_id))
 
@@ -262,46 +285,35 @@ class ElasticFlowPolicy(SchedulingPolicy):
         planned (a launch slower than the restart charged, a speed below its
         profile) until its plan no longer covers it. It is re-planned alone on
         the free timeline, if there is room, so the next move does not find it
-        with no slack; otherwise it keeps its plan (and is pinned sooner)."""
+        with no slack; otherwise it keeps its plan (and is pinned sooner).
+        Off in `strategies`, such a job stays on the slack it has left."""
+        moved, self.moved = self.moved, set()
+        if not self.strategies.restore_allowances:
+            return
         for job_id in sorted(self.guaranteed):
             job, st, plan, levels = self.jobs[job_id], status[job_id], self.plans[job_id], self.levels[job_id]
             have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
-            if job_id not in self.moved and have >= st.remaining:
+            if job_id not in moved and have >= st.remaining:
                 continue  # on its plan
-            allowance = migration_allowance(job, levels, self.clock)
+            allowance = self._allowance(job, levels)
             if have - st.remaining >= allowance:
                 continue
             self.timeline.add(plan.runs, sign=-1, since=slot)
-            new = plan_one(Candidate(job, st, levels, allowance), slot, self.timeline, self.clock)
+            new = self.plan_on(Candidate(job, st, levels, allowance), slot, self.timeline)
             self.plans[job_id] = plan = new or plan
             self.timeline.add(plan.runs, since=slot)
-        self.moved = set()
 
     # -- allocation ----------------------------------------------------------
-    def _safe(
-        self, job_id: str, gpus: int, slot: int, own: JobStatus, status: Mapping[str, JobStatus] | None = None
-    ) -> bool:
-        """Granting `gpus` now keeps the plan sufficient, restarts included (see allocation.py)."""
-        if job_id not in self.guaranteed:
-            return True
-        job, plan, st = self.jobs[job_id], self.plans[job_id], own
-        speed, overhead = job.curve.points, self.clock.overhead
-        now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
-        later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)
-        have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, self.clock)  # type: ignore[arg-type]
-        # A grant lasts at least one interval (callers decide at most once per
-        # interval), in which the job outruns its plan by this much:
-        ahead = (speed[gpus] - job.curve.speed(plan.gpus_at(slot))) * self.clock.interval
-        return st.remaining + now_cost + later_cost <= have + ahead
+    def _safe(self, job_id: str, gpus: int, slot: int, own: JobStatus) -> bool:
+        """Granting `gpus` now keeps a guaranteed job's plan sufficient (allocation.py)."""
+        return job_id not in self.guaranteed or grant_is_safe(
+            self.jobs[job_id], self.plans[job_id], own, gpus, slot, self.clock)
 
     def _place(self, slot: int, alloc: dict[str, int], status: Mapping[str, JobStatus]) -> Placement:
         """Place the allocation; if that would move a job that cannot afford a
         restart, give back the largest new grant of spare GPUs and try again.
-        Jobs that can afford one restart but not two are moved only after all
-        others: one moved every time fragmentation strikes spends its
-        allowance a move at a time, and the last move makes it miss."""
-        pinned = self._pinned(slot, alloc, status)
-        fragile = self._pinned(slot, alloc, status, restarts=2) - pinned
+        Which jobs are spared, and in which tiers, is `strategies.tiers`."""
+        pinned, fragile = self.strategies.tiers.split(lambda restarts: self._pinned(slot, alloc, status, restarts))
         while True:
             before = self.placer.snapshot()
             placement = self.placer.place(alloc, pinned, fragile)
@@ -348,20 +360,11 @@ class ElasticFlowPolicy(SchedulingPolicy):
         (migrations) now."""
         pinned = set()
         for job_id in self.guaranteed:
-            gpus = alloc.get(job_id, 0)
-            if gpus and gpus == status[job_id].gpus and not self._can_restart(job_id, gpus, slot, status, restarts):
+            gpus, st = alloc.get(job_id, 0), status[job_id]
+            if gpus and gpus == st.gpus and not affords_restarts(
+                    self.jobs[job_id], self.plans[job_id], st, gpus, slot, self.clock, restarts):
                 pinned.add(job_id)
         return pinned
-
-    def _can_restart(
-        self, job_id: str, gpus: int, slot: int, status: Mapping[str, JobStatus], restarts: int = 1
-    ) -> bool:
-        job, plan, st = self.jobs[job_id], self.plans[job_id], status[job_id]
-        need = st.remaining + (restarts - 1) * job.curve.points[gpus] * self.clock.overhead(gpus)
-        if gpus == plan.gpus_at(slot):
-            # Following the plan, but paying a fresh restart for the run under way.
-            return cover(plan, job.curve, slot, job.deadline, -1, 0.0, self.clock) >= need  # type: ignore[arg-type]
-        return self._safe(job_id, gpus, slot, JobStatus(need, -1, 0.0), status)
 
     def _allocate(self, slot: int, status: Mapping[str, JobStatus]) -> dict[str, int]:
         alloc = {job_id: plan.gpus_at(slot) for job_id, plan in self.plans.items()}
@@ -388,5 +391,6 @@ class ElasticFlowPolicy(SchedulingPolicy):
 class ElasticFlowNoAdmission(ElasticFlowPolicy):
     name = "elasticflow-noadmit"
 
-    def __init__(self, topology: Topology, interval: float = 60.0, overhead=PAPER_OVERHEAD) -> None:
-        super().__init__(topology, interval, overhead, admission=False)
+    def __init__(self, topology: Topology, interval: float = 60.0, overhead: Overhead = PAPER_OVERHEAD, *,
+                 strategies: ElasticFlowStrategies = SHIPPED) -> None:
+        super().__init__(topology, interval, overhead, admission=False, strategies=strategies)

@@ -101,16 +101,20 @@ class SchedulingPolicy(ABC):
         jobs: Mapping[str, Job],
         wake_at: float | None = None,
         pinned: frozenset[str] | set[str] = frozenset(),
+        placement: Placement | None = None,
     ) -> SchedulingReply:
         """The reply as every policy sends it: the allocation placed as buddy
         blocks (moving `pinned` jobs only if nothing else works) and when each
         job would finish at its new width; one place, so no policy forgets a
-        job that has not reported a status yet (a newcomer)."""
+        job that has not reported a status yet (a newcomer). A policy whose
+        placement can change the allocation (ElasticFlow gives back a grant
+        rather than move a job that cannot afford the restart) places it
+        first and passes `placement`, with the allocation as placed."""
         status = {j: request.status.get(j) or JobStatus(jobs[j].iterations) for j in allocation}
         return SchedulingReply(
             decisions=list(decisions),
             allocation=allocation,
-            placement=self.placer.place(allocation, pinned),
+            placement=self.placer.place(allocation, pinned) if placement is None else placement,
             wake_at=wake_at,
             projected_finish=self.projected_finish(jobs, allocation, status, request.now),
         )

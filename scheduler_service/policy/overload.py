@@ -19,17 +19,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler_service.policy.admission import Candidate, earliest_deadline, placeable_throughout, plan_one
+from scheduler_service.policy.admission import Candidate, earliest_deadline, placeable_throughout
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.interface import Decision, RejectReason
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
-from scheduler_service.policy.plan import Plan
+from scheduler_service.policy.plan import Overhead, Plan
+from scheduler_service.policy.strategies import SHIPPED, ElasticFlowStrategies
 from scheduler_service.policy.timeline import Timeline
 from scheduler_service.policy.topology import Topology
 
 SEARCH_DOUBLINGS = 6  # windows up to 64x the asked one
 SEARCH_STEPS = 8
-
 
 
 def plan_price(plan: Plan, others: Timeline, slot: int, interval: float, mu: float) -> float:
@@ -48,8 +48,9 @@ class ElasticFlowOverload(ElasticFlowPolicy):
     mu = 100.0  # price of a full slot over an idle one, plus one
     budget_s = 300.0  # what one met deadline is worth, in seconds of the whole cluster
 
-    def __init__(self, topology: Topology, interval: float = 60.0, overhead=PAPER_OVERHEAD) -> None:
-        super().__init__(topology, interval, overhead)
+    def __init__(self, topology: Topology, interval: float = 60.0, overhead: Overhead = PAPER_OVERHEAD, *,
+                 strategies: ElasticFlowStrategies = SHIPPED) -> None:
+        super().__init__(topology, interval, overhead, strategies=strategies)
 
     def _refuse(self, cand: Candidate, plan: Plan, others: Timeline, slot: int) -> Decision | None:
         price = plan_price(plan, others, slot, self.clock.interval, self.mu)
@@ -75,7 +76,7 @@ class ElasticFlowOverload(ElasticFlowPolicy):
 
         def admits(deadline: float) -> bool:
             trial = replace(cand, job=replace(job, deadline=deadline))
-            plan = plan_one(trial, slot, self.timeline, self.clock)
+            plan = self.plan_on(trial, slot, self.timeline)
             return (plan is not None and placeable_throughout(plan, self.plans, self.topology.num_gpus)
                     and plan_price(plan, self.timeline, slot, self.clock.interval, self.mu) <= self.budget_s)
 

@@ -76,12 +76,15 @@ class Plan:
         return tuple(r for r in self.runs if r.end > slot)
 
 
+Overhead = Callable[[int], float]  # seconds of restart for a job moving to that many GPUs
+
+
 @dataclass(frozen=True, slots=True)
 class SlotClock:
     """Slot length and restart cost: the two facts that turn runs into work."""
 
     interval: float
-    overhead: Callable[[int], float]
+    overhead: Overhead
 
     def slot_of(self, seconds: float) -> int:
         x = seconds / self.interval
@@ -202,6 +205,26 @@ def minimum_satisfactory_share(
     clock: SlotClock,
 ) -> Plan | None:
     """The MSS plan, moved forward, or None when no cap meets the deadline on this timeline."""
+    plan = filled_share(curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock)
+    if plan is None:
+        return None
+    return front_load(plan, curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock)
+
+
+def filled_share(
+    curve: ThroughputCurve,
+    levels: tuple[int, ...],
+    need: float,
+    now_slot: int,
+    deadline: float,
+    timeline: Timeline,
+    current_gpus: int,
+    overhead_left: float,
+    clock: SlotClock,
+) -> Plan | None:
+    """The MSS plan as progressive filling lays it, backwards from the
+    deadline, or None when no cap meets the deadline on this timeline. Its
+    share and start are what every plan shape is built from."""
     if not levels:
         return None
     args = (now_slot, deadline)
@@ -214,7 +237,7 @@ def minimum_satisfactory_share(
         if work >= need * (1 + COVER_SLACK):
             plan = Plan(runs, cap)
             break
-    return front_load(plan, curve, levels, need, now_slot, deadline, timeline, current_gpus, overhead_left, clock)
+    return plan
 
 
 def front_load(

@@ -157,7 +157,7 @@ def test_beyond_the_full_re_plan_displacing_a_few_jobs_keeps_the_guarantee(monke
 
 
 def test_the_re_plan_of_everyone_plans_the_job_that_cannot_wait_first_even_if_it_is_due_later():
-    from scheduler_service.policy.admission import Candidate, plan_all
+    from scheduler_service.policy.admission import Candidate, Refused, Replanned, plan_all
     from scheduler_service.policy.overhead import PAPER_OVERHEAD
     from scheduler_service.policy.plan import SlotClock
 
@@ -171,9 +171,9 @@ def test_the_re_plan_of_everyone_plans_the_job_that_cannot_wait_first_even_if_it
     assert cands[1].laxity(0.0) < cands[0].laxity(0.0)
     # Both do not fit. Deadline order would plan `loose` first and fail on `tight`;
     # least laxity plans `tight` and names `loose` as the one that cannot be planned.
-    assert plan_all(cands, 0, 8, clock) == "loose"
-    timeline, plans = plan_all(cands[1:], 0, 8, clock)
-    assert plans["tight"].share == 8
+    assert plan_all(cands, 0, 8, clock) == Refused("loose")
+    replanned = plan_all(cands[1:], 0, 8, clock)
+    assert isinstance(replanned, Replanned) and replanned.plans["tight"].share == 8
 
 
 def test_a_job_that_placement_moved_is_re_planned_with_a_whole_migration_allowance_again():

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from scheduler_service.policy import Job, ThroughputCurve, Topology, make_policy
-from scheduler_service.policy.baselines.chronus import Bucket, Demand, solve
+from scheduler_service.policy.baselines.chronus_leases import Bucket, Demand, solve
 from scheduler_service.policy.baselines.pollux import (
     GoodputModel,
     ModelGoodput,

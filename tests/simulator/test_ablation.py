@@ -21,5 +21,5 @@ def test_a_variant_changes_its_own_row_and_leaves_the_shipped_row_as_the_policy_
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1].rstrip(" |") for line in out[2:]}
     assert float(rows["`elasticflow` as shipped"].split()[0]) == round(shipped[0].deadline_ratio, 3)
     # Backward-filled plans are a different policy on dev102 (0.790 against 0.898), and the
-    # shipped row run after it in the same pool is not touched by its patch.
+    # shipped row run after it in the same pool is not touched by its strategies.
     assert rows["1. plans filled backwards from the deadline, not moved forward"] != rows["`elasticflow` as shipped"]

@@ -5,7 +5,6 @@ write is private to the account."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 

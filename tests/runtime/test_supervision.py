@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 

@@ -12,7 +12,7 @@ def test_a_variant_changes_its_own_row_and_leaves_the_shipped_row_as_the_policy_
 
     data = data_dir()
     _, shipped = Experiment(data / "reference/traces/dev102.csv", data / "clusters/n8g8.csv",
-                            data / "throughputs/A100").run(["elasticflow"])
+                            data / "throughputs/A100", actuations=("ideal",)).run(["elasticflow"])  # the policy alone
     out = subprocess.run(
         [sys.executable, str(ABLATION), "--variant", "backward-filled", "--variant", "shipped",
          "--trace", "dev102", "--workers", "1"],

@@ -171,7 +171,7 @@ class ControlLoop:
         run = self._find(event.run_id)
         if run is None or run.phase != RunPhase.RUNNING:
             return []
-        run.report(event.iteration, event.gpus, event.iterations_per_s, event.projected_finish)
+        run.report(event.iteration, event.gpus, event.iterations_per_s, event.projected_finish, event.save_error)
         if not run.first_iteration_since_launch():
             return []
         assert run.launched_at is not None
@@ -307,11 +307,14 @@ class ControlLoop:
                         seconds)
 
     def _risk_changes(self, now: float) -> list[Action]:
-        """Running deadline runs whose outlook flipped since the last step."""
+        """Running deadline runs whose outlook flipped since the last step.
+        A run's outlook moves with what it reports (the worker reads every
+        run at every poll), so only runs with news are assessed."""
         changes: list[Action] = []
         for run in self.runs.values():
-            if run.phase != RunPhase.RUNNING:
+            if run.phase != RunPhase.RUNNING or not run.news:
                 continue
+            run.assessed()
             finish = run.projected_finish(now)  # samples its rate, for every running run
             if run.deadline is None:
                 continue

@@ -88,9 +88,11 @@ class LoopRun:
         self.reported_gpus: tuple[int, ...] = ()
         self.reported_rate: float | None = None
         self.own_projection: float | None = None  # the flow's own, until the loop has seen enough
+        self.save_error: str | None = None  # while its checkpoint saves fail (flows/training/saving.py)
         self.launched_at: float | None = None  # until its first iteration: what a start really costs
         self.launched_from = 0  # the iteration it was launched at
         self.at_risk = False
+        self.news = False  # it reported since its outlook was last assessed
         self.rate = Rate()
         self.replan()
 
@@ -181,9 +183,10 @@ class LoopRun:
         self.pending_seq, self.held = None, tuple(gpus)
         return not self.held
 
-    def report(self, iteration: int, gpus: tuple[int, ...], rate: float | None, projected: float | None) -> None:
+    def report(self, iteration: int, gpus: tuple[int, ...], rate: float | None, projected: float | None,
+               save_error: str | None = None) -> None:
         self.iteration, self.reported_gpus, self.reported_rate = iteration, gpus, rate
-        self.own_projection = projected
+        self.own_projection, self.news, self.save_error = projected, True, save_error
 
     def first_iteration_since_launch(self) -> bool:
         """Whether it has trained since its launch (its start is then paid)."""
@@ -244,6 +247,9 @@ class LoopRun:
     def planned(self, finish: float) -> None:
         """The plan's projection of when it finishes."""
         self.planned_finish = finish
+
+    def assessed(self) -> None:
+        self.news = False
 
     def flag_risk(self, at_risk: bool) -> None:
         self.at_risk = at_risk

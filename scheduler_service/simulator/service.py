@@ -15,7 +15,10 @@ segment's speed are drawn around those, from a seeded generator (speeds
 only slower: a profile is the best case).
 
 The loop is stepped as the worker polls it: at every event (heard at the
-next poll), and at every slot boundary while anything is in flight.
+next poll), and at every slot boundary while anything is in flight. Every
+live run reports its progress at each boundary and with each arrival (when
+the loop may plan), and at its own events; the worker reads every run at
+every poll, which would only repeat the same straight line in between.
 """
 
 from __future__ import annotations
@@ -115,8 +118,9 @@ class Backend:
         self.rng = random.Random(actuation.seed)
         self.processes: dict[str, Process] = {}
         self.alive: dict[str, Process] = {}  # launched and not ended: the only ones that change
-        self._events: list[tuple[float, int, Event | None]] = []  # (the poll that hears of it, order, event)
+        self._events: list[tuple[float, int, str, Event | None]] = []  # (the poll that hears of it, order, run, event)
         self._order = 0
+        self._touched: set[str] = set()  # runs with an event heard at this step: they report
 
     # -- time -----------------------------------------------------------------
     def heard_at(self, when: float) -> float:
@@ -124,10 +128,10 @@ class Backend:
         poll = self.actuation.poll_s
         return math.ceil(when / poll - 1e-9) * poll
 
-    def later(self, when: float, event: Event | None) -> None:
-        """The loop hears of `event` at the first poll from `when` (None: a poll that sees progress)."""
+    def later(self, when: float, run_id: str, event: Event | None) -> None:
+        """The loop hears of `event` at the first poll from `when` (None: a poll that sees the run's progress)."""
         self._order += 1
-        heapq.heappush(self._events, (self.heard_at(when), self._order, event))
+        heapq.heappush(self._events, (self.heard_at(when), self._order, run_id, event))
 
     def next_at(self) -> float | None:
         return self._events[0][0] if self._events else None
@@ -135,7 +139,8 @@ class Backend:
     def due(self, now: float) -> list[Event]:
         out = []
         while self._events and self._events[0][0] <= now + 1e-9:
-            event = heapq.heappop(self._events)[2]
+            _, _, run_id, event = heapq.heappop(self._events)
+            self._touched.add(run_id)
             if event is not None:
                 out.append(event)
         return out
@@ -153,14 +158,14 @@ class Backend:
         stop_at = now + self.overhead.stop_s * self._jitter()
         if isinstance(command, Stop):
             process.gpus, process.productive_from, process.finish_at = (), math.inf, None
-            self.later(stop_at, Acknowledged(command.run_id, command.seq, ()))
-            self.later(stop_at, Ended(command.run_id))
+            self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, ()))
+            self.later(stop_at, command.run_id, Ended(command.run_id))
             process.alive = False
             self.alive.pop(command.run_id, None)
             return
         if not command.gpus:  # parked: checkpoints at the next boundary and holds nothing once it says so
             process.gpus, process.productive_from, process.finish_at = (), math.inf, None
-            self.later(stop_at, Acknowledged(command.run_id, command.seq, ()))
+            self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, ()))
             return
         gpus = len(command.gpus)
         if isinstance(command, Launch):
@@ -168,15 +173,16 @@ class Backend:
             process.alive, process.held = True, gpus
             self.alive[command.run_id] = process
             # The flow process applies its first command, then starts its ranks.
-            self.later(now + max(0.0, delay - (self.overhead(gpus) - self.overhead.stop_s)),
+            self.later(now + max(0.0, delay - (self.overhead(gpus) - self.overhead.stop_s)), command.run_id,
                        Acknowledged(command.run_id, command.seq, command.gpus))
         else:  # a resize: it claims the new set now, keeps the old one until it acknowledges
             delay = self.overhead(gpus) * self._jitter()
             process.held = len(set(command.gpus) | set(process.gpus))
-            self.later(stop_at, Acknowledged(command.run_id, command.seq, command.gpus))
+            self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, command.gpus))
         process.gpus, process.speed = command.gpus, self.speed_of(process.record.job, gpus) * self._slower()
         process.productive_from, process.finish_at = now + delay, None
-        self.later(process.productive_from + 1.0 / max(process.speed, 1e-9), None)  # its first iteration, seen
+        first_iteration = process.productive_from + 1.0 / max(process.speed, 1e-9)
+        self.later(first_iteration, command.run_id, None)  # seen
         record = process.record
         record.restarts += 1
         record.peak_gpus = max(record.peak_gpus, gpus)
@@ -187,10 +193,12 @@ class Backend:
         process.advance(now)
         process.held = len(event.gpus)
 
-    def observe(self, now: float) -> list[Event]:
-        """What every live run says on its channel now; the runs that finished."""
+    def observe(self, now: float, everyone: bool) -> list[Event]:
+        """What the live runs say on their channels now (every one, or those
+        with an event at this step); the runs that finished."""
         out: list[Event] = []
-        for run_id, process in list(self.alive.items()):
+        touched, self._touched = self._touched, set()
+        for run_id, process in [(r, p) for r, p in self.alive.items() if everyone or r in touched]:
             process.advance(now)
             if process.finished:
                 process.alive, process.held = False, 0
@@ -204,7 +212,7 @@ class Backend:
                 finish = now + (process.record.job.iterations - process.done) / process.speed
                 if process.finish_at is None or abs(finish - process.finish_at) > 1e-3:
                     process.finish_at = finish
-                    self.later(finish, None)
+                    self.later(finish, run_id, None)
         return out
 
     def in_use(self) -> int:
@@ -239,11 +247,13 @@ def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSett
     while next_arrival < n or loop.runs or backend.busy():
         steps += 1
         events = backend.due(now)
+        arrived = next_arrival
         while next_arrival < n and heard(pending[next_arrival]) <= now + 1e-9:
             job = pending[next_arrival]
             events.append(Arrived(job.job_id, job, job.submit_time))
             next_arrival += 1
-        events += backend.observe(now)
+        boundary = abs(now - clock.slot_of(now) * clock.interval) < 1e-6
+        events += backend.observe(now, everyone=boundary or next_arrival > arrived)
         actions = []
         for event in events:
             if isinstance(event, Acknowledged):

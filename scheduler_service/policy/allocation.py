@@ -15,7 +15,7 @@ simulator's tests check that every admitted job meets its deadline.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.plan import Plan, SlotClock, cover
@@ -103,3 +103,39 @@ def affords_restarts(
         # Following the plan, but paying a fresh restart for the run under way.
         return cover(plan, job.curve, slot, job.deadline, -1, 0.0, clock) >= need
     return grant_is_safe(job, plan, JobStatus(need, -1, 0.0), gpus, slot, clock)
+
+
+def cannot_afford_restarts(
+    guaranteed: Collection[str], jobs: Mapping[str, Job], plans: Mapping[str, Plan], alloc: Mapping[str, int],
+    status: Mapping[str, JobStatus], slot: int, clock: SlotClock, restarts: int = 1,
+) -> set[str]:
+    """Guaranteed jobs that stay at their width and could not absorb
+    `restarts` unplanned restarts (migrations) now: placement moves them last."""
+    pinned = set()
+    for job_id in guaranteed:
+        gpus, st = alloc.get(job_id, 0), status[job_id]
+        if gpus and gpus == st.gpus and not affords_restarts(jobs[job_id], plans[job_id], st, gpus, slot, clock,
+                                                             restarts):
+            pinned.add(job_id)
+    return pinned
+
+
+def narrower_for_now(
+    alloc: Mapping[str, int], status: Mapping[str, JobStatus], levels: Mapping[str, tuple[int, ...]],
+    movable: Collection[str], safe: Callable[[str, int], bool],
+) -> tuple[str, int] | None:
+    """The plans themselves would move a pinned job (fragmentation). Undo it
+    by running some job narrower than its plan for now, if one can afford
+    that: a planned growth postponed, or a job that moves anyway at the level
+    below. Widest first; None if no job can."""
+    options = []
+    for job_id, gpus in alloc.items():
+        current = status[job_id].gpus
+        if 0 < current < gpus:
+            options.append((job_id, current))
+        elif job_id in movable:
+            below = [g for g in levels[job_id] if g < gpus]
+            if below:
+                options.append((job_id, below[-1]))
+    options.sort(key=lambda o: (-alloc[o[0]], o[0]))
+    return next(((j, g) for j, g in options if safe(j, g)), None)

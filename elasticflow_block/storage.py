@@ -104,6 +104,15 @@ class CheckpointStorage:
             raise ValueError(f"invalid run key {run_key!r}")
         return f"{self.root.rstrip('/')}/{run_key}"
 
+    def folder(self, run_key: str) -> str:
+        """Where a run's checkpoints go, as a person would look for them."""
+        path = self._dir(run_key)
+        return path if self._local() else self.fs.unstrip_protocol(path)
+
+    def _local(self) -> bool:
+        protocol = self.fs.protocol
+        return "file" in ((protocol,) if isinstance(protocol, str) else protocol)
+
     def iterations(self, run_key: str) -> list[int]:
         """Complete checkpoints of a run (payload and digest present), oldest first."""
         folder = self._dir(run_key)
@@ -128,8 +137,7 @@ class CheckpointStorage:
         """A model's weights are the user's: on a local disk only they may read
         them, whatever the umask of the process that saved them (a notebook, a
         pipeline task). Remote stores have their own access control."""
-        protocol = self.fs.protocol
-        if "file" in ((protocol,) if isinstance(protocol, str) else protocol):
+        if self._local():
             try:
                 os.chmod(path, mode)
             except OSError:

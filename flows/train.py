@@ -39,7 +39,7 @@ class SegmentCrashed(RuntimeError):
 def train_segment(launch: Callable[[], SegmentResult]) -> SegmentResult:
     """One launch of the DDP workers; restores from, and ends with, a checkpoint."""
     result = launch()
-    if result.reason == "crashed":  # Failed on the run's page, not Completed with a crash inside
+    if result.reason in ("crashed", "save_failed"):  # Failed on the run's page, not Completed with a crash inside
         raise SegmentCrashed(result)
     return result
 

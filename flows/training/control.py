@@ -65,6 +65,7 @@ class RunStatus(BaseModel):
     deadline: datetime | None = None
     on_track: bool | None = None
     event: str | None = None
+    save_error: str | None = Field(None, description="why checkpoint saves fail, while they do")
 
     @property
     def percent(self) -> float:

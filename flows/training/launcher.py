@@ -118,7 +118,7 @@ class Segment:
         lines, self._progress_offset = read_progress(self.dir, self._progress_offset)
         for line in lines:
             if on_progress:
-                on_progress(*line)
+                on_progress(line)
 
     def _log_tail(self, rank: int, chars: int = 2000) -> str:
         path = self._log(rank)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 from flows.training.control import FileControlChannel, RunStatus
 from flows.training.segment import SegmentResult
+from flows.training.supervision import ProgressLine
 
 log = logging.getLogger("elasticflow.progress")
 
@@ -40,6 +41,7 @@ class ProgressTracker:
         self.loss: float | None = None
         self._window: deque[tuple[int, float]] = deque(maxlen=20)
         self._last_publish = 0.0
+        self.save_error: str | None = None  # while rank 0's checkpoint saves fail
 
     def snapshot(self, now: float | None = None) -> ProgressSnapshot:
         now = now if now is not None else time.time()
@@ -63,6 +65,7 @@ class ProgressTracker:
             projected_finish=finish,
             deadline=self.deadline,
             on_track=on_track,
+            save_error=self.save_error,
         )
 
     # Hooks called by the runtime.
@@ -76,6 +79,24 @@ class ProgressTracker:
         self._window.append((iteration, wall_t))
         if time.time() - self._last_publish >= self.min_interval_s:
             self.publish(self.snapshot(), event="progress")
+
+    def on_line(self, line: ProgressLine) -> None:
+        """One of rank 0's progress lines: an iteration, and how its saves go."""
+        if line.save_error != self.save_error:
+            self.saves_changed(line.save_error)
+        self.on_iteration(line.iteration, line.loss, line.t)
+
+    def saves_changed(self, error: str | None) -> None:
+        """Checkpoint saves began to fail, or work again: said at once, in the
+        run's logs and its status (which the scheduler reads: a run that
+        cannot save is not resized or parked)."""
+        self.save_error = error
+        if error:
+            log.error("%s; training goes on where it is, and a resize waits until a save works run_key=%s",
+                      error, self.run_key)
+        else:
+            log.warning("checkpoint saves work again run_key=%s", self.run_key)
+        self.publish(self.snapshot(), event="checkpoint.failing" if error else "checkpoint.saved", force=True)
 
     def segment_finished(self, result: SegmentResult) -> None:
         if result.end_iteration >= 0:

@@ -38,6 +38,7 @@ from flows.training.datasets import load_dataset
 from flows.training.models import build_model, per_sample_loss
 from flows.training.orders import RankOrder, StandbyOrder
 from flows.training.sampler import batch_indices, micro_batches, shard_bounds
+from flows.training.saving import Saves
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
 from flows.training.supervision import PROGRESS_FILE, ProgressLine
 
@@ -106,6 +107,7 @@ class Worker:
         self.rank, self.world = order.rank, order.world_size
         self.timings = SegmentTimings(launch_t=order.launch_t, imported_t=time.time())
         self.storage = CheckpointStorage(spec.checkpoint_url, keep=spec.keep_checkpoints)
+        self.saves = Saves(self.storage, spec.run_key)
         self.control = FileControlChannel(spec.run_key, spec.control_dir) if spec.control_dir else None
         self.device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
         self.history: list[float] = []
@@ -158,9 +160,10 @@ class Worker:
         self.timings.loaded_t = time.time()
         return int(chosen.item()) if chosen.item() >= 0 else None
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
+        """Rank 0 saves; False if the store refused (saving.py says what then)."""
         if self.rank != 0:
-            return
+            return True
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -174,9 +177,21 @@ class Worker:
             },
             "meta": {"model": self.spec.model, "world_size": self.world, "saved_at": time.time()},
         }
-        info = self.storage.save(self.spec.run_key, self.iteration, state)
+        info = self.saves.save(self.iteration, state)
+        if info is None:
+            return False
         self.timings.save_s.append(info.seconds)
         self.last_checkpoint = self.iteration
+        return True
+
+    def checkpoint_together(self) -> tuple[bool, bool]:
+        """Rank 0 saves where every rank stands, unless it just did; all learn
+        (saved, give up): only rank 0 knows whether its last save worked."""
+        saved = self.rank != 0 or self.last_checkpoint == self.iteration or self.checkpoint()
+        verdict = torch.tensor([float(saved), float(self.saves.exhausted)], dtype=torch.float64, device=self.device)
+        dist.broadcast(verdict, src=0)
+        verdict = verdict.cpu()
+        return bool(verdict[0] > 0), bool(verdict[1] > 0)
 
     def step(self) -> float:
         """One optimizer step over the global batch; returns this rank's summed loss."""
@@ -201,25 +216,55 @@ class Worker:
         return total
 
     def stop_requested(self) -> bool:
-        if _terminated or _stop_asked:
-            return True
-        return bool(self.rank == 0 and self.control and self.control.pending(self.spec.applied_seq))
+        """A stop the scheduler asked for (a resize, a park, the end); while
+        saves fail it is heard again only once a retry is due."""
+        if self.rank != 0:
+            return False  # rank 0 speaks for the run: only it knows whether a save can be made
+        if self.saves.error is not None and not self.saves.may_retry():
+            return False
+        return _stop_asked or bool(self.control and self.control.pending(self.spec.applied_seq))
 
     def train(self) -> StopReason:
+        """Train until done, stopped or terminated, and end on a checkpoint.
+        A stop whose save fails is refused: every rank trains on where it is
+        (saving.py); so does a finished segment, until its save works or
+        too many failed."""
         spec = self.spec
         progress = open(self.dir / PROGRESS_FILE, "a") if self.rank == 0 else None
         self.last_checkpoint = self.iteration
-        reason: StopReason = "completed" if self.iteration >= spec.total_iterations else "target"
+        while True:
+            reason = self._train(progress)
+            if reason in ("terminated", "save_failed") or not spec.save_at_end:
+                break
+            saved, give_up = self.checkpoint_together()
+            if saved:
+                break
+            if give_up:
+                reason = "save_failed"
+                break
+            if reason != "stopped":  # nothing left to train: try again shortly
+                time.sleep(min(self.saves.retry_s, 5.0))
+        if reason == "terminated" and spec.save_at_end and self.last_checkpoint != self.iteration:
+            self.checkpoint()  # going anyway (cancelled, preempted): whatever the store takes
+        if progress:
+            progress.close()
+        return reason
+
+    def _train(self, progress: Any) -> StopReason:
+        spec = self.spec
+        if self.iteration >= spec.total_iterations:
+            return "completed"
         while self.iteration < min(spec.stop_at, spec.total_iterations):
             local = self.step()
-            # [summed loss, stop votes, terminate votes]: one collective per iteration.
-            # The stop is read first: a SIGTERM landing between the two reads
-            # then counts as a termination (read the other way round, it
-            # passed for a plain stop, and a preempted run ended "stopped").
+            # [summed loss, stop votes, terminate votes, give-up votes]: one
+            # collective per iteration. The stop is read first: a SIGTERM
+            # landing between the two reads then counts as a termination
+            # (read the other way round, it passed for a plain stop, and a
+            # preempted run ended "stopped").
             stop = self.stop_requested()
             terminate = _terminated or _orphaned()
-            flags = torch.tensor([local, float(stop or terminate), float(terminate)], dtype=torch.float64,
-                                 device=self.device)
+            flags = torch.tensor([local, float(stop or terminate), float(terminate), float(self.saves.exhausted)],
+                                 dtype=torch.float64, device=self.device)
             dist.all_reduce(flags)
             flags = flags.cpu()
             loss = float(flags[0]) / spec.hyperparameters.global_batch_size
@@ -232,21 +277,16 @@ class Worker:
             if len(self.timings.iteration_end_t) > 512:  # bounded: enough for rates, small result files
                 del self.timings.iteration_end_t[min(self.timings.iteration_end_t)]
             if progress:
-                progress.write(ProgressLine(self.iteration, loss, now).json() + "\n")
+                progress.write(ProgressLine(self.iteration, loss, now, self.saves.error).json() + "\n")
                 progress.flush()
+            if flags[3] > 0:
+                return "save_failed"
             if self.iteration % spec.checkpoint_interval == 0:
                 self.checkpoint()
             if flags[1] > 0 or flags[2] > 0:
                 self.timings.stop_seen_t = now
-                reason = "terminated" if flags[2] > 0 else "stopped"
-                break
-        else:
-            reason = "completed" if self.iteration >= spec.total_iterations else "target"
-        if spec.save_at_end and self.last_checkpoint != self.iteration:
-            self.checkpoint()
-        if progress:
-            progress.close()
-        return reason
+                return "terminated" if flags[2] > 0 else "stopped"
+        return "completed" if self.iteration >= spec.total_iterations else "target"
 
     def report(self, start_iteration: int, reason: StopReason) -> None:
         if self.rank != 0:
@@ -261,6 +301,7 @@ class Worker:
             history=self.history,
             timings=self.timings,
             checkpoint_iteration=getattr(self, "last_checkpoint", None),
+            error=self.saves.error if reason == "save_failed" else None,
         )
         tmp = self.dir / "result.json.tmp"
         tmp.write_text(result.model_dump_json())

@@ -246,7 +246,7 @@ class RaySegment:
             return
         for line in lines:
             if on_progress:
-                on_progress(*line)
+                on_progress(line)
 
     def _failures(self, done: list[Any]) -> list[RankFailure]:
         """Ranks that failed, once one has. The others are given a moment to

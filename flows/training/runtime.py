@@ -27,7 +27,7 @@ from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
 from flows.training.ranks import Ranks, ranks_for
 from flows.training.segment import SegmentResult, SegmentSpec
-from flows.training.supervision import Failure, ProgressCallback, RunningSegment
+from flows.training.supervision import Failure, ProgressCallback, ProgressLine, RunningSegment
 from flows.training.termination import Termination
 
 log = logging.getLogger("elasticflow.runtime")
@@ -35,6 +35,11 @@ log = logging.getLogger("elasticflow.runtime")
 # Runs a zero-argument segment launch, e.g. as a Prefect task; gets a display name.
 SegmentWrapper = Callable[[Callable[[], SegmentResult], str], SegmentResult]
 Status = Literal["completed", "stopped", "preempted"]
+
+
+class CheckpointSaveFailed(RuntimeError):
+    """Rank 0 could not save a checkpoint, several times in a row (saving.py):
+    the run ends Failed with the store's error, and is not retried."""
 
 
 class RescaleRecord(BaseModel):
@@ -202,12 +207,12 @@ def run_training(
         termination.segment = segment
         trained = False
 
-        def progress(iteration: int, loss: float, wall_t: float) -> None:
+        def progress(line: ProgressLine) -> None:
             nonlocal trained
             if not trained:  # once this segment trains: earlier, warm-ups only slow its start
                 ranks.refill(standby)
                 trained = True
-            on_progress(iteration, loss, wall_t)
+            on_progress(line)
 
         try:  # a TerminationSignal can land anywhere here, even between handing out two workers' orders
             segment.start()
@@ -238,7 +243,7 @@ def run_training(
             name = f"segment-{len(run.segments)}-it{run.iteration}-gpus{'_'.join(map(str, gpus))}"
 
             def go(s: SegmentSpec = spec, g: list[int] = gpus, n: int = standby) -> SegmentResult:
-                return launch(s, g, n, tracker.on_iteration)
+                return launch(s, g, n, tracker.on_line)
 
             result = wrap_segment(go, name) if wrap_segment else go()
             tracker.segment_finished(result)
@@ -246,6 +251,9 @@ def run_training(
             if result.reason == "crashed":
                 run.crashed(result, ranks, trained)
                 continue
+            if result.reason == "save_failed":  # the store's fault: an older checkpoint would only lose work
+                raise CheckpointSaveFailed(f"{result.error}; the run ends at iteration {result.end_iteration} "
+                                           f"rather than train on with no checkpoint to resume from")
             run.ended(result, tracker)
             if result.reason == "terminated" or termination.received:
                 status = "preempted"

@@ -14,7 +14,7 @@ from flows.training.params import Hyperparameters
 if TYPE_CHECKING:
     from flows.training.params import TrainParameters
 
-StopReason = Literal["completed", "target", "stopped", "terminated", "crashed"]
+StopReason = Literal["completed", "target", "stopped", "terminated", "crashed", "save_failed"]
 
 
 class SegmentSpec(BaseModel):

@@ -34,17 +34,19 @@ PROGRESS_FILE = "progress.jsonl"  # rank 0 appends one line per iteration
 
 
 class ProgressLine(NamedTuple):
-    """One iteration as rank 0 reports it: its index, the global mean loss, when it ended."""
+    """One iteration as rank 0 reports it: its index, the global mean loss,
+    when it ended, and while checkpoint saves fail, why (saving.py)."""
 
     iteration: int
     loss: float
     t: float
+    save_error: str | None = None
 
     def json(self) -> str:
         return json.dumps(self._asdict())
 
 
-ProgressCallback = Callable[[int, float, float], None]  # (iteration, loss, wall time): `on_progress(*line)`
+ProgressCallback = Callable[[ProgressLine], None]
 
 
 def read_progress(folder: Path, offset: int) -> tuple[list[ProgressLine], int]:

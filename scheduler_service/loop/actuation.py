@@ -42,8 +42,8 @@ def actuate(runs: Iterable[LoopRun], reserved: set[int], restart_s: Callable[[in
         return {g for r in active if r is not run for g in r.target}
 
     for run in [r for r in active if r.phase == RunPhase.RUNNING and r.pending_seq is None and not r.stopping]:
-        if run.target == run.commanded:
-            continue
+        if run.target == run.commanded or run.save_error:
+            continue  # where it should be; or it cannot save, and a move would lose what it did since its last save
         if run.commanded and not set(run.commanded) & wanted_by_others(run) and not_worth_a_restart(run, restart_s):
             continue  # nobody waits for what it holds: spare it a restart that costs more than it gains
         if run.target and not set(run.target) & held_by_others(run):

@@ -48,6 +48,7 @@ class Progress:
     gpus: tuple[int, ...] = ()  # the GPU set it reported from
     iterations_per_s: float | None = None  # its own recent rate
     projected_finish: float | None = None  # its own projection, while the loop has seen too little
+    save_error: str | None = None  # while its checkpoint saves fail: it cannot be resized or parked
 
 
 @dataclass(frozen=True, slots=True)

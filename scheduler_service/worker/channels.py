@@ -28,5 +28,6 @@ def observe(run_id: str, channel: FileControlChannel) -> list[Event]:
     status = channel.status()
     if status is not None:
         projected = status.projected_finish.timestamp() if status.projected_finish is not None else None
-        events.append(Progress(run_id, status.iteration, tuple(status.gpus), status.iterations_per_s, projected))
+        events.append(Progress(run_id, status.iteration, tuple(status.gpus), status.iterations_per_s, projected,
+                               status.save_error))
     return events

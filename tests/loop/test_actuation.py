@@ -5,7 +5,7 @@ its old holder acknowledged giving it up."""
 from __future__ import annotations
 
 from scheduler_service.loop.actions import Admitted, Launch, Park, Released, Rescale, Stop
-from scheduler_service.loop.events import Adopted, CancelRequested, Ended, Reserved, Unreserved
+from scheduler_service.loop.events import Adopted, CancelRequested, Ended, Progress, Reserved, Unreserved
 from tests.loop.driver import T0, Driver, job
 
 
@@ -224,3 +224,19 @@ def test_a_run_the_plan_parks_is_parked_even_for_a_run_due_later() -> None:
     for theirs_s in (3600, 90):
         d = _two_runs_one_wanting_the_others_gpu(mine_s=100, theirs_s=theirs_s)
         assert "x" in d.new(d.step(T0 + 1), Park)
+
+
+def test_a_run_whose_checkpoint_saves_fail_is_not_moved_until_one_works() -> None:
+    """A resize needs a save: told to move while its saves fail, a run would
+    refuse (flows/training/saving.py) and its new GPUs would sit claimed. The
+    loop leaves it where it is, and moves it once it reports a good save."""
+    d = _alone_on_both()
+    d.report("a", T0 + 1, 30, (0, 1), 36.0)
+    d.handle(Progress("a", 40, (0, 1), 36.0, None, "checkpoint save to /ck/a failed (1 in a row): OSError"), T0 + 1.5)
+    d.arrive(job("b", T0 + 2, 20 * 36, T0 + 2 + 44))
+    now = T0 + 2
+    for _ in range(5):
+        assert "a" not in d.new(d.step(now), Rescale)
+        now += 2
+    d.report("a", now, 400, (0, 1), 36.0)  # a save worked: nothing said of one any more
+    assert len(d.new(d.step(now), Rescale)["a"].gpus) == 1

@@ -120,3 +120,45 @@ def test_a_saved_checkpoint_store_block_is_found_by_name(prefect_api: str, tmp_p
     CheckpointStore(url=str(tmp_path / "store"), keep=2).save("runtime-test-store", overwrite=True)
     assert resolve_checkpoint_url("runtime-test-store") == str(tmp_path / "store")
     assert resolve_checkpoint_url(str(tmp_path / "direct")) == str(tmp_path / "direct")  # paths pass through
+
+
+def test_a_store_that_takes_no_save_fails_the_run_with_the_path_in_its_prefect_logs(
+    prefect_api: str, tmp_path: Path
+) -> None:
+    """Issue 29, 1: every save refused (the store's folder is a file, which
+    stops root too) ends the run Failed after three, with the folder named in
+    the run's Prefect logs; the segment's task is Failed, and the outcome the
+    service reports for it is `failed`, never `met`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    from flows.train import train
+    from scheduler_service.contracts import Outcome, outcome_of
+    from tests.stack import wait_until
+
+    store = tmp_path / "checkpoints"
+    store.write_text("not a folder")
+    state = train(model="mlp", hyperparameters={"global_batch_size": 16}, iterations=400, deadline="+2h",
+                  checkpoint_interval=10, checkpoint_store=str(store), device="cpu", return_state=True)
+    assert state.is_failed(), state
+    assert f"checkpoint save to {store}/" in state.message and "failed (3 in a row)" in state.message
+    run_id = str(state.state_details.flow_run_id)
+    assert outcome_of(state.type.value, 400, 400, time.time() + 3600, time.time()) is Outcome.FAILED
+
+    def logs() -> list[str] | None:
+        with get_client(sync_client=True) as client:
+            found = [log.message for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])))]
+        return found if any("training goes on where it is" in m for m in found) else None
+
+    messages = wait_until(logs, 30, "the run's log line about the failing save")
+    assert any(f"checkpoint save to {store}/{run_id} failed" in m for m in messages), messages
+
+    def failed_tasks() -> list | None:  # task runs reach the server as events, ingested asynchronously
+        with get_client(sync_client=True) as client:
+            tasks = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)])))
+        return tasks if tasks and all(t.state is not None and t.state.is_final() for t in tasks) else None
+
+    tasks = wait_until(failed_tasks, 30, "the segment's task in a final state")
+    assert all(t.state.is_failed() for t in tasks), [t.state for t in tasks]

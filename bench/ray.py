@@ -28,7 +28,6 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # This file is named ray.py: its folder first on sys.path would shadow the ray package.

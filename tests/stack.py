@@ -42,13 +42,35 @@ class Stack:
     worker_log: Path
     killed_groups: list[Any] = field(default_factory=list)  # of killed workers (groups.Group): what may live on
 
-    def start_worker(self, log: Path) -> None:
+    def start_worker(self, log: Path, api_url: str | None = None, **env: str | None) -> None:
+        """`prefect worker start` on the pool, through `api_url` if given (a
+        slow proxy of the same server), with `env` on top of the stack's (None: unset)."""
+        environment = {**os.environ, "PREFECT_API_URL": api_url or self.api_url, "PREFECT_LOGGING_LEVEL": "INFO"}
+        for key, value in env.items():
+            if value is None:
+                environment.pop(key, None)
+            else:
+                environment[key] = value
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
-            env={**os.environ, "PREFECT_API_URL": self.api_url, "PREFECT_LOGGING_LEVEL": "INFO"},
-            stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env=environment, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
         )
         self.worker_log = log
+
+    @contextmanager
+    def worker_through(self, api_url: str, log: Path, **env: str | None) -> Iterator[None]:
+        """The stack's worker replaced, while inside, by one that talks to
+        Prefect through `api_url`; the usual one is back afterwards."""
+        usual_log = self.worker_log
+        _stop(self.worker)
+        self.start_worker(log, api_url, **env)
+        try:
+            self.wait_worker_started()
+            yield
+        finally:
+            _stop(self.worker)
+            self.start_worker(usual_log)
+            self.wait_worker_started()
 
     def wait_worker_started(self) -> None:
         self.wait_until(lambda: "started!" in self.worker_log.read_text(errors="replace"), 60, "the worker to start")

@@ -2,8 +2,9 @@
 runs' control channels, the runs to launch through Prefect's process worker,
 and everything told about them (through the Reporter: store first).
 
-Admissions are told before this poll launches anything (a run's page shows
-Admitted before Pending); rejections go to Prefect in the background.
+Nothing here waits for Prefect: the store is written at once, Prefect in
+the background, each run's writes in order (reporting.py), so a run's page
+still shows Admitted before the Pending of its launch.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
 
 from scheduler_service.contracts import Rejection
 from scheduler_service.loop import ControlLoop
@@ -33,8 +32,10 @@ from scheduler_service.loop.actions import (
 )
 from scheduler_service.worker.channels import send
 from scheduler_service.worker.cluster import Cluster
+from scheduler_service.worker.cluster_view import ClusterView
 from scheduler_service.worker.registry import RunRegistry, ServiceRun
 from scheduler_service.worker.reporting import Reporter
+from scheduler_service.worker.watch import PrefectWatch
 
 log = logging.getLogger("prefect.workers.elasticflow.start_cost")  # shown with the worker's own lines
 
@@ -55,22 +56,23 @@ class Applied:
 
 
 class Executor:
-    def __init__(self, loop: ControlLoop, registry: RunRegistry, reporter: Reporter,
-                 cluster: Callable[[], Cluster]) -> None:
+    def __init__(self, loop: ControlLoop, registry: RunRegistry, reporter: Reporter, cluster: Callable[[], Cluster],
+                 watch: PrefectWatch, view: ClusterView, clock: Callable[[], float]) -> None:
         self.loop = loop
         self.registry = registry
         self.reporter = reporter
         self.cluster = cluster  # the cluster as it is now (it follows a Ray cluster's nodes)
+        self.watch = watch  # for a run's final state
+        self.view = view
+        self.clock = clock
 
     async def apply(self, actions: list[Action], now: float) -> Applied:
-        """Carry out `actions` in order."""
-        admitted = [a for a in actions if isinstance(a, Admitted)]
-        async with anyio.create_task_group() as group:  # independent requests: wait for the slowest only
-            for action in admitted:
-                run = self.registry.get(action.run_id)
-                if run is not None:
-                    run.admitted(action.share)
-                    group.start_soon(self.reporter.admitted, run, action, self.loop.view(run.run_id, now), now)
+        """Carry out `actions` in order, admissions first (told before any launch)."""
+        for action in [a for a in actions if isinstance(a, Admitted)]:
+            run = self.registry.get(action.run_id)
+            if run is not None:
+                run.admitted(action.share)
+                await self.reporter.admitted(run, action, self.loop.view(run.run_id, now), now)
         applied = Applied()
         for action in actions:
             if isinstance(action, Admitted):
@@ -121,3 +123,15 @@ class Executor:
                     "the most of the last ten starts; set ELASTICFLOW_LAUNCH_S to what starts cost here",
                     run.run_id, action.took_s, action.charged_s, action.kept_s)
         return False
+
+    async def tell_how_they_ended(self, applied: Applied) -> None:
+        """Once their final state is known (a cancelled one settled), how the
+        runs that ended did: by the one rule of contracts.outcome_of. In the
+        background, after what was told of the run before."""
+        for run, release in applied.ended:
+            await self.reporter.in_background(self._tell_how_it_ended, run, release, lane=run.run_id)
+
+    async def _tell_how_it_ended(self, run: ServiceRun, release: Release) -> None:
+        state, why = await self.watch.final_state(run.run_id) if release.launched else ("CANCELLED", None)
+        outcome = self.reporter.ended(run, release, state, why, self.clock())
+        self.view.ended(run.run_id, release.iteration, outcome)

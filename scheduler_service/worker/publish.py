@@ -53,12 +53,10 @@ class Publisher:
             log.warning("could not label flow run %s", run_id, exc_info=True)
 
     async def waiting_state(self, run: ServiceRun, name: StateName, now: float, why: str) -> None:
-        """Put a run that has not started in a named Scheduled state, once per
-        name (each write is a state row). Forced, since the pool's own rules
-        would refuse Scheduled -> Scheduled; so first make sure the run is
-        still Scheduled: a run cancelled in the UI must stay cancelled."""
-        if not run.show(name):
-            return
+        """Put a run that has not started in a named Scheduled state. Forced,
+        since the pool's own rules would refuse Scheduled -> Scheduled; so
+        first make sure the run is still Scheduled: a run cancelled in the UI
+        must stay cancelled (and its launch waits in the run's lane)."""
         try:
             current = (await self.client.read_flow_run(UUID(run.run_id))).state
             if current is None or not current.is_scheduled():

@@ -3,18 +3,19 @@ truth a restarted worker and `elasticflow status` read), then Prefect
 (states, labels, events, the history artifact), then the run's own log.
 
 Telling Prefect is what takes time (a state, labels, an event, an artifact
-per run), so it goes on in the background where nothing waits for it,
-`ELASTICFLOW_PUBLISH_CONCURRENCY` requests at a time: in a burst, a poll that
-waited for hundreds of state writes left the runs created meanwhile untaken.
-A worker stopped before Prefect heard of a rejection leaves the run
-Scheduled, to be decided again by the next one.
+per run), so every write goes on in the background where the poll never
+waits for it, `ELASTICFLOW_PUBLISH_CONCURRENCY` requests at a time, each
+run's in the order they were made (lanes.py): in a burst, a poll that waited
+for hundreds of state writes left the runs created meanwhile untaken, and one
+that waited for an admission's labels on a slow server launched the run two
+minutes late. A worker stopped before Prefect heard of a rejection leaves the
+run Scheduled, to be decided again by the next one.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from functools import partial
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from scheduler_service.contracts import (
 )
 from scheduler_service.loop.actions import Admitted, Command, Release, RiskChanged
 from scheduler_service.loop.run import RunView
+from scheduler_service.worker.lanes import Lanes
 from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.registry import ServiceRun
 from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
@@ -43,6 +45,12 @@ VERBS = {AllocationAction.LAUNCH: "launched", AllocationAction.RESCALE: "resized
          AllocationAction.PARK: "parked (checkpointed; it waits for its new GPUs),"}
 
 
+# Decisions still to be told per request in flight before take-in holds back:
+# a server that far behind tells a new admission so late that its launch,
+# which waits for its Admitted state, would start later than planned.
+BACKLOG_PER_REQUEST = 4
+
+
 class Reporter:
     def __init__(self, store: ServiceStore, publisher: Publisher, logger_for: Callable[[Any], Any],
                  task_group: Callable[[], Any], concurrency: int) -> None:
@@ -51,22 +59,28 @@ class Reporter:
         self.logger_for = logger_for  # a flow run -> its Prefect logger
         self.task_group = task_group  # where background requests run (None: inline)
         self.publishing = anyio.Semaphore(concurrency)  # Prefect requests in flight
+        self.lanes = Lanes()  # each run's writes in order; a launch waits for its run's
         self.untold = 0  # decisions waiting to be told to Prefect in the background
+        self.backlog_limit = BACKLOG_PER_REQUEST * concurrency  # past it, take-in waits (swamped)
         self.decision_seconds: deque[float] = deque(maxlen=1000)  # policy calls that decided runs
 
     # -- how it is told --------------------------------------------------------
-    async def in_background(self, tell: Callable[..., Awaitable[None]], *args: Any, later: bool = False) -> None:
+    async def in_background(self, tell: Callable[..., Awaitable[None]], *args: Any, lane: str,
+                            later: bool = False) -> None:
         """Tell Prefect without holding up the poll, within `publishing`'s
-        requests in flight; inline before the worker's task group exists.
-        What can come `later` (details of a decision already shown) waits
-        until no decision is left to tell: on a loaded server it would
-        otherwise hold the decisions back by a third."""
+        requests in flight, after what was told before in the same `lane`
+        (a run's id); inline before the worker's task group exists. What can
+        come `later` (details of a decision already shown) waits until no
+        decision is left to tell: on a loaded server it would otherwise hold
+        the decisions back by a third."""
         async def gated() -> None:
             try:
                 while later and self.untold:
                     await anyio.sleep(0.1)
-                async with self.publishing:
+                async with self.lanes.of(lane), self.publishing:
                     await tell(*args)
+            except Exception:
+                log.exception("could not tell Prefect about %s", lane)
             finally:
                 self.untold -= not later
 
@@ -76,6 +90,10 @@ class Reporter:
             await gated()
         else:
             group.start_soon(gated)
+
+    def swamped(self) -> bool:
+        """Whether Prefect's server is too far behind for more decisions now."""
+        return self.untold >= self.backlog_limit
 
     def tell(self, run: ServiceRun, text: str, warning: bool = False) -> None:
         """A line in the run's own logs: the tab its page opens on, read without a click."""
@@ -116,7 +134,12 @@ class Reporter:
     async def profiling(self, run: ServiceRun, now: float) -> None:
         why = "profiling the throughput of this model on first use"
         self.store.upsert_job(run.run_id, RunPhase.PROFILING, message=why)
-        await self.publisher.waiting_state(run, StateName.PROFILING, now, why)
+        await self._waiting_state(run, StateName.PROFILING, now, why)
+
+    async def _waiting_state(self, run: ServiceRun, name: StateName, now: float, why: str) -> None:
+        """A named Scheduled state, once per name (each write is a state row)."""
+        if run.response is not None and run.show(name):
+            await self.in_background(self.publisher.waiting_state, run, name, now, why, lane=run.run_id)
 
     async def rejected(self, run_id: str, flow_run: Any, rejection: Rejection, decision_s: float | None = None,
                        model: str | None = None) -> None:
@@ -131,8 +154,8 @@ class Reporter:
             decision_ms=None if decision_s is None else decision_s * 1000))
         if decision_s is not None:
             self.decision_seconds.append(decision_s)
-        await self.in_background(self.publisher.rejected, run_id, rejection)
-        await self.in_background(self.publisher.rejection_labels, run_id, rejection, later=True)
+        await self.in_background(self.publisher.rejected, run_id, rejection, lane=run_id)
+        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=run_id, later=True)
         log.info("rejected flow run %s: %s", run_id, text)
         try:  # also in the run's own logs, the tab its page opens on
             self.logger_for(flow_run).warning("ElasticFlow rejected this run: %s", text)
@@ -153,13 +176,11 @@ class Reporter:
         guaranteed = f"; guaranteed to finish by {clock(action.guaranteed_finish)}" \
             if action.guaranteed_finish is not None else ""
         self.tell(run, f"{action.message}{guaranteed}")
-        async with self.publishing, anyio.create_task_group() as group:  # the poll waits for the slowest only
-            group.start_soon(self.publisher.labels, run.run_id, {
-                Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"})
-            if run.response is not None:
-                group.start_soon(self.publisher.waiting_state, run, StateName.ADMITTED, now, action.message)
-            group.start_soon(partial(self._history_now, run, AllocationAction.ADMITTED, (), view,
-                                     guaranteed_finish=action.guaranteed_finish))
+        await self._waiting_state(run, StateName.ADMITTED, now, action.message)  # before its launch's Pending
+        await self.in_background(self.publisher.labels, run.run_id, {
+            Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"}, lane=run.run_id)
+        await self.in_background(self._history_now, run, AllocationAction.ADMITTED, (), view,
+                                 action.guaranteed_finish, lane=run.run_id)
 
     async def guarantee_lost(self, run: ServiceRun) -> None:
         """It carries on best-effort, and says so on its page; it is never dropped."""
@@ -167,7 +188,8 @@ class Reporter:
                 "and keeps its place")
         log.warning("flow run %s: %s", run.run_id, text)
         self.store.upsert_job(run.run_id, share=None, message=text)
-        await self.publisher.labels(run.run_id, {Label.MSS: "best-effort", Label.GUARANTEE: "lost"})
+        await self.in_background(self.publisher.labels, run.run_id, {Label.MSS: "best-effort",
+                                                                     Label.GUARANTEE: "lost"}, lane=run.run_id)
         self.publisher.event(run.run_id, EventName.GUARANTEE_LOST, {"message": text, "deadline": iso(run.deadline)})
         self.tell(run, text, warning=True)
 
@@ -176,7 +198,7 @@ class Reporter:
             return
         why = "waiting for its GPUs to be released" if placed else "waiting for spare GPUs"
         self.store.upsert_job(run.run_id, message=why)  # what `elasticflow status` says of it
-        await self.publisher.waiting_state(run, StateName.WAITING, now, why)
+        await self._waiting_state(run, StateName.WAITING, now, why)
 
     async def allocation(self, run: ServiceRun, command: Command, view: RunView | None, nodes: list[str],
                          margin_s: float, now: float) -> None:
@@ -184,13 +206,13 @@ class Reporter:
         action, gpus = command.kind, command.gpus
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=action.value, gpus=gpus_label(gpus)))
         if action == AllocationAction.STOP:
-            await self._history_now(run, action, (), view)
+            await self.in_background(self._history_now, run, action, (), view, lane=run.run_id)
             return
         self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus))
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._history_now, run, action, gpus, view)
-            group.start_soon(self.publisher.labels, run.run_id, {
-                Label.GPUS: gpus_label(gpus), Label.WORLD_SIZE: len(gpus), Label.NODES: ",".join(nodes)})
+        await self.in_background(self._history_now, run, action, gpus, view, lane=run.run_id)
+        await self.in_background(self.publisher.labels, run.run_id, {
+            Label.GPUS: gpus_label(gpus), Label.WORLD_SIZE: len(gpus), Label.NODES: ",".join(nodes)},
+            lane=run.run_id)
         self.publisher.event(run.run_id, EventName.ALLOCATION_CHANGED, {
             "action": action.value, "gpus": list(gpus), "world_size": len(gpus), "nodes": nodes}, nodes=nodes)
         finish = view.projected_finish if view is not None else None
@@ -200,14 +222,15 @@ class Reporter:
         """It acknowledged giving up every GPU (parked or stopped), still alive."""
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASED.value, gpus=""))
         self.store.upsert_job(run.run_id, gpus="")
-        await self._history_now(run, AllocationAction.RELEASED, (), view)
+        await self.in_background(self._history_now, run, AllocationAction.RELEASED, (), view, lane=run.run_id)
 
     async def released_for_good(self, run: ServiceRun, release: Release) -> None:
         """Its process ended (or it left before it was launched): its GPUs are
         free, in the store first; how it ended is told once its final state is known."""
         self.store.upsert_job(run.run_id, RunPhase.FINISHED, gpus="")
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASE.value, gpus=""))
-        await self._history(run, AllocationAction.RELEASE, (), release.iteration, None)
+        await self.in_background(self._history, run, AllocationAction.RELEASE, (), release.iteration, None,
+                                 lane=run.run_id)
 
     def ended(self, run: ServiceRun, release: Release, state: str | None, why: str | None,
               now: float) -> Outcome:

@@ -40,6 +40,7 @@ class TakeIn:
         self.profiler = profiler
         self.reporter = reporter
         self.flow_names: dict[Any, str] = {}  # flow id -> name (a handful of flows)
+        self.held_back = False  # new runs left in the queue while Prefect's server catches up
 
     async def take(self, responses: list[Any], now: float) -> tuple[int, list[Any]]:
         """How many new training runs it took in, and the other runs to launch at once."""
@@ -59,9 +60,28 @@ class TakeIn:
                 self.registry.recent.add(run_id)
                 at_once.append(entry)
                 continue
+            if self._hold_back():
+                continue
             await self._one(entry, now)
             took_in += 1
         return took_in, at_once
+
+    def _hold_back(self) -> bool:
+        """Leave new runs in the queue, Scheduled, while Prefect's server is
+        far behind (reporting.py): decided now, an admitted run would start
+        only once its decision is written, later than its plan says. They
+        are decided when it has caught up, against the time left then."""
+        swamped = self.reporter.swamped()
+        if swamped != self.held_back:
+            self.held_back = swamped
+            if swamped:
+                log.warning(
+                    "Prefect's server is %d decisions behind: new runs wait in the queue until it catches up, rather "
+                    "than be admitted to start late. On SQLite a burst this size needs PostgreSQL "
+                    "(docs/operating.md, 'Prefect's server on PostgreSQL')", self.reporter.untold)
+            else:
+                log.info("Prefect's server has caught up: taking in new runs again")
+        return swamped
 
     async def _one(self, entry: Any, now: float) -> None:
         """Take in one run; whatever goes wrong is that run's: rejected, and the poll goes on."""

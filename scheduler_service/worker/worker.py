@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 BURST_ROUNDS = 5  # looks in one poll at most, while each takes in new runs
+CLUSTER_VIEW = "cluster-view"  # the lane of the cluster artifact's refreshes
 # The project's own documentation where it is installed, and a logo that
 # needs no server (the UI shows it in the work pool type gallery).
 DOCS_URL = (Path(__file__).resolve().parents[2] / "docs" / "service.md").as_uri()
@@ -125,8 +126,9 @@ class ElasticFlowWorker(ProcessWorker):
         connects the real ones; tests without a server, recorders."""
         self.reporter = Reporter(store, publisher, self.get_flow_run_logger, lambda: runs_task_group(self),
                                  self.settings.publish_concurrency)
-        self.executor = Executor(self.loop, self.registry, self.reporter, lambda: self.cluster)
         self.watch = PrefectWatch(client, self.backend)
+        self.executor = Executor(self.loop, self.registry, self.reporter, lambda: self.cluster, self.watch,
+                                 self.view, self.clock)
         self.take_in = TakeIn(client, self.settings, self.registry, self.loop, self.profiler, self.reporter,
                               lambda: self.cluster.device)
 
@@ -169,11 +171,13 @@ class ElasticFlowWorker(ProcessWorker):
         events, gone_elsewhere = await self._watched({str(entry.flow_run.id) for entry in responses}, now)
         applied = await self.decide(now, events)
         for run_id in gone_elsewhere:  # released first, then its Prefect state settled
-            await self.watch.settle(run_id, "and its process is gone")
-        await self._tell_how_they_ended(applied)
+            await self.reporter.in_background(self.watch.settle, run_id, "and its process is gone", lane=run_id)
+        await self.executor.tell_how_they_ended(applied)
         launches += applied.launches
-        names = {run.run_id: run.name for run in self.registry}
-        await self.view.show(self.client, self.loop.views(now), names, now)
+        if not self.reporter.lanes.busy(CLUSTER_VIEW):  # a slow server: skip a refresh rather than queue them
+            names = {run.run_id: run.name for run in self.registry}
+            await self.reporter.in_background(self.view.show, self.client, self.loop.views(now), names, now,
+                                              lane=CLUSTER_VIEW)
         return took_in, await submit(self, launches)
 
     async def _watched(self, scheduled: set[str], now: float) -> tuple[list[Event], list[str]]:
@@ -222,30 +226,23 @@ class ElasticFlowWorker(ProcessWorker):
         actions = [action for event in events or [] for action in self.loop.handle(event, now)]
         return await self.executor.apply(actions + self.loop.step(now), now)
 
-    async def _tell_how_they_ended(self, applied: Applied) -> None:
-        """Once their final state is known (a cancelled one settled), how the
-        runs that ended did: by the one rule of contracts.outcome_of."""
-        for run, release in applied.ended:
-            state, why = await self.watch.final_state(run.run_id) if release.launched else ("CANCELLED", None)
-            outcome = self.reporter.ended(run, release, state, why, self.clock())
-            self.view.ended(run.run_id, release.iteration, outcome)
-
     def clock(self) -> float:
         """Now, on the loop's clock: epoch seconds."""
         return time.time()
 
     # -- launching and ending --------------------------------------------------
     async def _propose_pending_state(self, flow_run: FlowRun) -> bool:
-        ok = await super()._propose_pending_state(flow_run)
+        async with self.reporter.lanes.of(str(flow_run.id)):  # after its Admitted state, written in the background
+            ok = await super()._propose_pending_state(flow_run)
         if not ok:  # cancelled meanwhile: its GPUs were never used
-            await self._tell_how_they_ended(await self.ended(str(flow_run.id)))
+            await self.executor.tell_how_they_ended(await self.ended(str(flow_run.id)))
         return ok
 
     async def run(self, flow_run: FlowRun, configuration: ElasticFlowJobConfiguration,
                   task_status: Optional[anyio.abc.TaskStatus[Any]] = None) -> ElasticFlowWorkerResult:
         run_id = str(flow_run.id)
         if not await self.watch.still_to_launch(flow_run):
-            await self._tell_how_they_ended(await self.ended(run_id))
+            await self.executor.tell_how_they_ended(await self.ended(run_id))
             if task_status is not None:
                 task_status.started(0)  # no process: Prefect records no PID and releases its slot
             return ElasticFlowWorkerResult(identifier="", status_code=0)
@@ -269,7 +266,7 @@ class ElasticFlowWorker(ProcessWorker):
         finally:
             ended = await self.ended(run_id)  # its GPUs are free: in the store first
             await self.watch.settle(flow_run.id, "and its process has exited")
-            await self._tell_how_they_ended(ended)
+            await self.executor.tell_how_they_ended(ended)
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: ElasticFlowJobConfiguration,
@@ -297,4 +294,5 @@ class ElasticFlowWorker(ProcessWorker):
     def bookkeeping(self) -> dict[str, int]:
         """Sizes of what the worker keeps, for the test that it does not grow with ended runs."""
         return {**self.registry.sizes(), **{f"loop.{k}": v for k, v in self.loop.sizes().items()},
-                "flow_names": len(self.take_in.flow_names), **{f"profiler.{k}": v for k, v in self.profiler.sizes().items()}}
+                "flow_names": len(self.take_in.flow_names), "lanes": len(self.reporter.lanes),
+                **{f"profiler.{k}": v for k, v in self.profiler.sizes().items()}}

@@ -40,10 +40,7 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +55,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.service_costs import measure_admission, measure_start_cpu, measure_status, print_status  # noqa: E402
+from scheduler_service.stack.local import free_port, stop_process  # noqa: E402
 PY = sys.executable
 MLP_CURVE = {1: 20.0, 2: 36.0}  # as tests/service: admission plans with these, no profiling
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -67,33 +66,9 @@ def uptime() -> str:
     return "load average " + ", ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([PY, "-m", "prefect", *args], env=env, cwd=ROOT, stdout=open(log, "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGINT, then SIGKILL, to the process group (a worker's flow runs too)."""
-    for sig in (signal.SIGINT, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=8)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str, logs: list[Path], every_s: float = 0.1) -> Any:
@@ -175,129 +150,6 @@ def first_iteration(home: Path, run_id: str) -> tuple[float, dict[str, float]] |
 
 def stats(values: list[float]) -> str:
     return f"median {statistics.median(values):5.2f} s, max {max(values):5.2f} s"
-
-
-def cpu_seconds(args: list[str], reps: int = 3) -> float:
-    """CPU time (user + system) of a command, the least of `reps` runs: what it
-    costs whatever the load, where wall time depends on who else runs."""
-    best = float("inf")
-    for _ in range(reps):
-        proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{args} exited with {proc.returncode}")
-        best = min(best, usage.ru_utime + usage.ru_stime)
-    return best
-
-
-def measure_start_cpu() -> dict[str, float]:
-    """(c) The CPU the processes on the path to the first iteration spend importing."""
-    return {
-        # the engine of a flow process, up to the flow body (Prefect, then flows/train.py)
-        "flow_process_s": cpu_seconds([PY, "-c", "import prefect.engine, prefect.flow_engine, flows.train"]),
-        "of_which_prefect_s": cpu_seconds([PY, "-c", "import prefect.engine, prefect.flow_engine"]),
-        # Prefect's default launcher before the engine: a workspace supervisor interpreter
-        "prefect_supervisor_s": cpu_seconds([PY, "-c", "import prefect.runner._workspace_supervisor"]),
-        # one DDP worker: torch, torch._dynamo (the first optimizer step needs it), the runtime
-        "standby_worker_s": cpu_seconds([PY, "-m", "flows.training.rank", "--standby"]),
-        # the user's command
-        "prefect_cli_s": cpu_seconds([PY, "-m", "prefect", "--help"]),
-    }
-
-
-def wall_median(args: list[str], env: dict[str, str], reps: int = 5) -> float:
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        subprocess.run(args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
-def measure_status(tmp: Path, runs: int = 100) -> dict[str, float]:
-    """(d) `elasticflow status` on a store of `runs` runs, against `elasticflow --help`."""
-    from tests.cli.runs import CLUSTER, fill
-
-    home = tmp / "status-home"
-    home.mkdir(parents=True, exist_ok=True)
-    fill(home, runs)
-    env = {**os.environ, "ELASTICFLOW_HOME": str(home), "ELASTICFLOW_CLUSTER": str(CLUSTER)}
-    env.pop("ELASTICFLOW_DATABASE_URL", None)
-    cli = str(Path(PY).parent / "elasticflow")
-    status_s, help_s = wall_median([cli, "status"], env), wall_median([cli, "--help"], env)
-    os.environ.update(env)  # cpu_seconds runs in this environment
-    return {"runs": runs, "status_s": status_s, "help_s": help_s, "ratio": status_s / help_s,
-            "status_cpu_s": cpu_seconds([cli, "status"]), "help_cpu_s": cpu_seconds([cli, "--help"])}
-
-
-def print_status(result: dict[str, float]) -> None:
-    print(f"(d) elasticflow status, {result['runs']} runs: median {result['status_s']:.2f} s of 5 "
-          f"(target < 1 s); elasticflow --help {result['help_s']:.2f} s; ratio {result['ratio']:.2f}; "
-          f"CPU (least of 3, whatever the load) {result['status_cpu_s']:.2f} s vs {result['help_cpu_s']:.2f} s",
-          flush=True)
-
-
-def measure_admission(tmp: Path, interval: float, admitted: int = 100, samples: int = 30) -> dict[str, Any]:
-    """(b): the worker's control loop, planning and actuating with `admitted` running admitted jobs."""
-    from scheduler_service.loop import ControlLoop, LoopSettings
-    from scheduler_service.loop.actions import Admitted, Command, Rejected
-    from scheduler_service.loop.events import Acknowledged, Arrived, Progress
-    from scheduler_service.policy import Job
-    from scheduler_service.policy.overhead import RestartOverhead
-    from scheduler_service.simulator.experiment import data_dir
-    from scheduler_service.simulator.inputs import load_throughputs
-    from scheduler_service.worker import cluster as cluster_mod
-
-    cluster = cluster_mod.load(data_dir() / "clusters" / "n16g8.csv")
-    # As the worker builds it (WorkerSettings.loop), with the default restart cost.
-    loop = ControlLoop(cluster.topology, LoopSettings(
-        policy="elasticflow", interval_s=interval, overhead=RestartOverhead(stop_s=0.5, restart_s=2.0, per_level_s=0.0),
-        safety_margin=0.05))
-    rng = random.Random(11)
-    curves = list(load_throughputs(data_dir() / "throughputs" / "A100").values())
-    now = time.time()
-    count = 0
-
-    def arrive(now: float) -> None:
-        nonlocal count
-        curve = rng.choice(curves)
-        window = rng.uniform(3600, 7 * 86400)
-        iterations = curve.points[1] * window * rng.uniform(0.05, 0.3)
-        run_id = f"bench-{count:04d}"
-        count += 1
-        loop.handle(Arrived(run_id, Job(run_id, now, iterations, now + window, curve, model="bench", batch_size=256),
-                            now), now)
-
-    def step(now: float) -> float:
-        """One poll's decisions; the policy call's seconds, if it decided anyone."""
-        decided = 0.0
-        for action in loop.step(now):
-            if isinstance(action, (Admitted, Rejected)):
-                decided = action.decision_s
-            elif isinstance(action, Command):  # the flow acknowledges and reports, as a running run would
-                loop.handle(Acknowledged(action.run_id, action.seq, action.gpus), now)
-                loop.handle(Progress(action.run_id, 0, action.gpus), now)
-        return decided
-
-    while len(loop.runs) < admitted:  # build the state: a few arrivals per slot, untimed
-        for _ in range(min(10, admitted - len(loop.runs))):
-            arrive(now)
-        step(now)
-        now += interval
-    active = len(loop.runs)
-    policy_ms, plan_ms = [], []
-    for _ in range(samples):
-        arrive(now)
-        start = time.perf_counter()
-        seconds = step(now)
-        plan_ms.append((time.perf_counter() - start) * 1e3)
-        policy_ms.append(seconds * 1e3)
-        now += interval
-    return {"admitted_runs": active, "gpus": cluster.topology.num_gpus, "slots": samples,
-            "decision_ms_median": statistics.median(policy_ms), "decision_ms_max": max(policy_ms),
-            "plan_actuate_ms_median": statistics.median(plan_ms), "plan_actuate_ms_max": max(plan_ms)}
 
 
 def main() -> int:
@@ -420,7 +272,7 @@ def main() -> int:
             start_cpu = measure_start_cpu()
         finally:
             for process in reversed(procs):
-                stop(process)
+                stop_process(process)
             from scheduler_service.stack.local import stop_processes_of
 
             stop_processes_of(tmp / "home", grace_s=0.0)

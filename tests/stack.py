@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from scheduler_service.stack.local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = "gpus"
@@ -225,12 +226,6 @@ def flow_run_states(run_id: str) -> list[Any]:
 
 def state_names(run_id: str) -> list[str]:
     return [state.name for state in flow_run_states(run_id)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """No input crashes the worker: generated parameter sets, well-formed or not,
 thrown at take-in and at the policy in one poll's worth of runs. The worker
-survives every batch and every run gets its decision at once (its model's
-curve is stored): admitted, or rejected with a reason naming what failed."""
+survives every batch and every run gets its decision at once where its
+model's curve is stored (admitted, or rejected with a reason naming what
+failed), or waits in Profiling at a batch size never measured."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.service.offline import Entry, FlowRun, offline_worker
@@ -63,10 +64,14 @@ async def _poll(worker: Any, batch: list[dict[str, Any]], now: float) -> list[st
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(batch=st.lists(parameter_sets, min_size=1, max_size=6))
+@example(batch=[{"model": "mlp", "hyperparameters": {"global_batch_size": 3}}])  # never measured
 def test_every_generated_run_is_decided_and_the_worker_survives(worker: Any, batch: list[dict[str, Any]]) -> None:
     ids = asyncio.run(_poll(worker, batch, NOW))
     states = worker.reporter.publisher.states
     for run_id in ids:  # a decision, once; an admitted run may be Waiting already (best-effort, no spare GPU)
+        if states.get(run_id) == "Profiling":  # valid, at a batch size never measured: decided once profiled
+            assert run_id in worker.profiler.waiting and not worker.reporter.store.decisions(run_id)
+            continue
         assert len(worker.reporter.store.decisions(run_id)) == 1, (run_id, states.get(run_id))
         assert states.get(run_id) in ("Rejected", "Admitted", "Waiting"), (run_id, states.get(run_id))
     for run_id in ids:  # done with them: the next batch starts from an empty cluster

@@ -1,4 +1,4 @@
-"""The worker's own bookkeeping is the size of what is in flight: 10,000 runs
+"""The worker's own bookkeeping is the size of what is in flight: 6,000 runs
 taken in, admitted, launched and ended leave nothing behind that grows with
 their number. Prefect's API is replaced by a recorder here (what reaches
 Prefect is tested against a real server in test_worker.py); the worker's
@@ -23,6 +23,9 @@ pytestmark = pytest.mark.slow
 
 T0 = 1_000_000.0
 POINTS = {1: 100.0, 2: 190.0}
+# Measured once the capped list of recent ids is full (registry.RecentIds,
+# 4,096), so that nothing may grow over the runs after it.
+FULL, RUNS = 4_500, 6_000
 
 
 async def _cycle(worker: Any, index: int, now: float) -> None:
@@ -50,8 +53,9 @@ def _traced() -> tracemalloc.Snapshot:
 
 
 def measure(home: str) -> dict[str, Any]:
-    """10,000 runs through a fresh offline worker; what it keeps, and what the
-    last 5,000 added to the heap (with where, the largest growths first)."""
+    """RUNS runs through a fresh offline worker; what it keeps after FULL and
+    after all, and what the runs after FULL added to the heap (with where,
+    the largest growths first)."""
     from scheduler_service.store import save_curve
 
     monkeypatch = pytest.MonkeyPatch()
@@ -68,9 +72,9 @@ def measure(home: str) -> dict[str, Any]:
     # counted when freed, and capped caches would then look as if they grew.
     tracemalloc.start()
     try:
-        asyncio.run(drive(0, 5_000))
+        asyncio.run(drive(0, FULL))
         before, sizes_before = _traced(), worker.bookkeeping()
-        asyncio.run(drive(5_000, 10_000))
+        asyncio.run(drive(FULL, RUNS))
         after = _traced()
     finally:
         tracemalloc.stop()
@@ -81,7 +85,7 @@ def measure(home: str) -> dict[str, Any]:
             "where": [str(stat) for stat in growth[:8]]}
 
 
-def test_ten_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path) -> None:
+def test_six_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path) -> None:
     # In a fresh interpreter: what this measures is the worker's bookkeeping,
     # not what earlier tests left running in this process (a Ray driver's
     # threads, Prefect's log and event workers) allocating meanwhile.
@@ -92,10 +96,10 @@ def test_ten_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     sizes, grown = result["sizes"], result["grown"]
-    print(f"bookkeeping after 5,000 runs {result['sizes_before']}, after 10,000 {sizes}; "
-          f"memory grown over the last 5,000: {grown / 1024:.0f} KiB")
-    assert result["calls"] > 10_000 * 5  # they really went through admission and launch
+    print(f"bookkeeping after {FULL:,} runs {result['sizes_before']}, after {RUNS:,} {sizes}; "
+          f"memory grown over the last {RUNS - FULL:,}: {grown / 1024:.0f} KiB")
+    assert result["calls"] > RUNS * 5  # they really went through admission and launch
     assert sizes == result["sizes_before"]  # nothing per ended run stays (recent ids are capped)
     assert sizes["runs"] == 0 and sizes["loop.runs"] == 0 and sizes["loop.arrivals"] == 0
-    # and nothing per run elsewhere: under 50 bytes a run (a leak is KiBs a run)
+    # and nothing per run elsewhere: under 175 bytes a run (a leak is KiBs a run)
     assert grown < 256 * 1024, "\n".join(result["where"])

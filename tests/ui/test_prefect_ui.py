@@ -26,7 +26,7 @@ import pytest
 
 from tests.stack import ROOT, Stack, running_stack
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ui")]  # one worker: its stack and browser start once
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_ARGS = [

@@ -305,8 +305,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
                 continue
             self.timeline.add(plan.runs, sign=-1, since=slot)
             new = self.plan_on(Candidate(job, st, levels, allowance), slot, self.timeline)
-            if new is None and have < st.remaining and self._rescue(Candidate(job, st, levels, 0.0), slot, status):
-                continue
+            if new is None and have < st.remaining:  # short of its plan: room without the allowance, alone or not
+                new = self.plan_on(Candidate(job, st, levels, 0.0), slot, self.timeline)
+                if new is None and self._rescue(Candidate(job, st, levels, 0.0), slot, status):
+                    continue
             self.plans[job_id] = plan = new or plan
             self.timeline.add(plan.runs, since=slot)
 

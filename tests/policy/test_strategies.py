@@ -220,3 +220,19 @@ def test_the_ablation_builds_every_variant_through_the_constructor_and_each_runs
         result = summarize(simulate(jobs, policy))
         assert result.admitted > 0, key
     assert _policy_code() == code
+
+
+def test_a_job_short_of_its_plan_is_re_planned_without_its_allowance_when_only_that_fits():
+    # Admitted with a restart's allowance to spare; then (moved, slower than
+    # planned) it has more left than its plan covers, and more than its window
+    # holds with the allowance on top, but not more than the window holds.
+    a = job("a", 9000, 3600.0)
+    policy = make_policy("elasticflow", TOPO)
+    assert policy.schedule(SchedulingRequest(0.0, [a])).decisions[0].admitted
+    window = CURVE.speed(8) * (3600.0 - 60.0)  # from slot 1, on 8 GPUs already
+    have = cover(policy.plans["a"], CURVE, 1, 3600.0, 8, 0.0, policy.clock)
+    remaining = window - 50
+    assert have < remaining and remaining + policy.strategies.allowance.iterations(a, policy.levels["a"], policy.clock) > window
+    policy.moved = {"a"}
+    policy.schedule(SchedulingRequest(60.0, [], status={"a": JobStatus(remaining, 8)}))
+    assert cover(policy.plans["a"], CURVE, 1, 3600.0, 8, 0.0, policy.clock) >= remaining

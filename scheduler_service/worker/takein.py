@@ -77,7 +77,7 @@ class TakeIn:
             if swamped:
                 log.warning(
                     "Prefect's server is %d decisions behind: new runs wait in the queue until it catches up, rather "
-                    "than be admitted to start late. On SQLite a burst this size needs PostgreSQL "
+                    "than be admitted to start late. If Prefect's server runs on SQLite, a burst this size needs PostgreSQL "
                     "(docs/operating.md, 'Prefect's server on PostgreSQL')", self.reporter.untold)
             else:
                 log.info("Prefect's server has caught up: taking in new runs again")

@@ -81,6 +81,13 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
     the plan still covers what is left after the restart this causes now and
     one more for when the grant is taken back."""
     assert job.deadline is not None
+    if plan.gpus_at(slot) == 0 and cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining:
+        # Its plan gives it nothing now and, started from nothing, still covers
+        # what is left: taking spare GPUs back leaves it as it is now, idle with
+        # less to do, and its plan's first start is charged already. Asking for
+        # two restarts' worth of slack here kept a 60-iteration run idle on an
+        # idle cluster for ten minutes, its plan at the end of its window.
+        return True
     speed, overhead = job.curve.points, clock.overhead
     now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
     later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)

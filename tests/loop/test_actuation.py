@@ -240,3 +240,25 @@ def test_a_run_whose_checkpoint_saves_fail_is_not_moved_until_one_works() -> Non
         now += 2
     d.report("a", now, 400, (0, 1), 36.0)  # a save worked: nothing said of one any more
     assert len(d.new(d.step(now), Rescale)["a"].gpus) == 1
+
+
+def test_a_short_run_planned_late_in_its_window_starts_at_once_on_an_idle_cluster() -> None:
+    """The test stack's shape (2 s slots, 2.5 s charged per start) and a model
+    profiled at ~1,000 it/s: 60 iterations due in 10 minutes are planned in the
+    window's last slots, and spare GPUs must not wait for that. A grant to a run
+    its plan gives nothing now cannot hurt it: taken back, it is where it was.
+    Before, the grant asked for two restarts of slack and the run sat idle for
+    the whole window (a CI run of the service tests timed out on it)."""
+    from scheduler_service.loop import LoopSettings
+    from scheduler_service.loop.actions import Launch
+    from scheduler_service.policy import ThroughputCurve
+    from scheduler_service.policy.overhead import RestartOverhead
+
+    settings = LoopSettings(policy="elasticflow-overload", interval_s=2.0, overhead=RestartOverhead(0.5, 0.5, 0.0),
+                            poll_s=1.0, launch_s=0.0, safety_margin=0.05)
+    for decided_at in (T0 + 5.0, T0 + 6.9):  # early and late in a slot: the plan's slots round differently
+        d = Driver(settings=settings)
+        d.arrive(job("a", decided_at, 60, T0 + 600, ThroughputCurve({1: 985.7})), now=T0)
+        actions = d.step(decided_at)
+        assert d.new(actions, Launch), (decided_at, actions)
+        assert d.loop.policy.plans["a"].runs[0].start * 2.0 > T0 + 500  # it was planned late

@@ -66,10 +66,9 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
 
     stack.wait_until(iteration, 150, "the first run to train")
     assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots, where it was placed
-    # The stack charges 2.5 s per start (0.5 s to restart, two 0.5 s stops, a poll); a real flow start
-    # takes several: the worker says so.
-    stack.wait_until(lambda: "from launch to its first iteration; plans charge 2.5 s" in
-                     stack.worker_log.read_text(), 30, "the start-cost warning")
+    # Whether this start was slow enough for the start-cost warning depends on the
+    # machine (a warm fork server starts a run in under the 2.5 s charged, a loaded
+    # one in several): tests/loop/test_start_cost.py checks the warning itself.
     assert _allocations(stack, first)[0] == ("launch", "0,1")
     run = stack.flow_run(first)
     assert run.labels["elasticflow.mss"] == "1" and run.labels["elasticflow.world_size"] == "2"

@@ -1,0 +1,43 @@
+"""What a start costs here, learnt from the starts the loop sees, and the
+warning an operator gets when starts take far longer than the plans charge."""
+
+from __future__ import annotations
+
+from scheduler_service.loop.actions import StartedSlowly
+from scheduler_service.loop.start_cost import StartCost
+from tests.loop.driver import SETTINGS, T0, Driver, job
+
+
+def test_a_start_far_slower_than_charged_is_said_once_per_new_worst() -> None:
+    cost = StartCost(lambda gpus: 2.5, launch_s=0.0)  # the stack's: 2.5 s charged, no launch reserve set
+    assert cost.started(3.0, 1) is None  # within 1.5 x what is charged
+    slow = cost.started(4.0, 1)
+    assert slow is not None and (slow.took_s, slow.charged_s) == (4.0, 2.5)
+    assert cost.started(4.5, 1) is None  # not 20% worse than the start already reported
+    assert cost.started(6.0, 2) is not None
+
+
+def test_a_learnt_reserve_keeps_the_longest_recent_start_beyond_the_charged_restart() -> None:
+    cost = StartCost(lambda gpus: 2.5, launch_s=None)  # learnt, from the default until starts are seen
+    assert cost.reserve() == 15.0 - 2.5
+    for took in (20.0, 4.0, 3.0):
+        cost.started(took, 1)
+    assert cost.reserve() == 20.0 - 2.5  # the longest of the last ten
+    for _ in range(10):
+        cost.started(3.0, 1)
+    assert cost.reserve() == 15.0 - 2.5  # the slow one is forgotten; never under the default
+    fixed = StartCost(lambda gpus: 2.5, launch_s=5.0)
+    fixed.started(60.0, 1)
+    assert fixed.reserve() == 5.0 - 2.5  # what the operator set is kept as is
+
+
+def test_the_loop_says_when_a_launch_took_far_longer_than_its_plan_charged() -> None:
+    d = Driver()
+    d.arrive(job("a", T0, 2000, T0 + 600))
+    d.step(T0)  # launched at once on the idle cluster
+    d.ack("a", T0)
+    charged = d.loop.start_cost.restart_cost(2)
+    actions = d.report("a", T0 + 10 * charged + SETTINGS.launch_s, 1, (0, 1))
+    (slow,) = [a for a in actions if isinstance(a, StartedSlowly)]
+    assert slow.took_s >= 10 * charged and slow.charged_s == charged
+    assert not [a for a in d.report("a", T0 + 11 * charged + 5, 50, (0, 1)) if isinstance(a, StartedSlowly)]

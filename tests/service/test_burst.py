@@ -130,10 +130,6 @@ def test_fifty_submissions_at_once_are_all_decided_and_no_gpu_is_double_booked(s
     assert launched & wanted == set(admitted)  # nothing rejected ever ran
 
 
-@pytest.mark.skip(reason=(
-    "issue 29, 2 is still open: passed in a full suite run, then failed in a fresh-clone CI run (2026-12-02): "
-    "an admitted run parked 27 s after its launch was never given GPUs again, and the worker logged nothing "
-    "for the last 4 minutes of the test (docs/operating.md, 'When Prefect's server falls behind')"))
 def test_a_burst_through_a_slow_server_leaves_every_admitted_run_meeting_its_deadline(
     stack: Stack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -120,11 +120,13 @@ def up(
         raise typer.Exit(2) from None
     where = f"PostgreSQL {shown_url(database)}" if database else "SQLite"
     if ray:
-        from scheduler_service.stack.ray_local import LOCAL_PREFIX, parse_local
+        from scheduler_service.stack.ray_local import LOCAL_PREFIX, check_reachable, parse_local
 
         try:
             if ray.startswith(LOCAL_PREFIX):
                 parse_local(ray)
+            else:
+                check_reachable(ray)
         except ValueError as exc:
             errors.print(f"error: {exc}")
             raise typer.Exit(2) from None
@@ -132,6 +134,12 @@ def up(
     console.print(f"starting Prefect server on 127.0.0.1:{port} ({where}; home {home})")
     try:
         with local_stack(home, port, database=database, ray=ray) as stack:
+            if ray:
+                import os
+
+                from flows.training.ray_nodes import RAY_ADDRESS_ENV
+
+                console.print(f"Ray cluster at {os.environ.get(RAY_ADDRESS_ENV, ray)}")
             console.print(
                 f"work pool 'gpus' (type elasticflow); deployments: {', '.join(stack.deployments)}\n"
                 f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"

@@ -30,7 +30,29 @@ def parse_local(spec: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)x(\d+)", text)
     if not match or min(int(match[1]), int(match[2])) < 1:
         raise ValueError(f"--ray {spec!r}: expected local:NxG, N nodes of G worker slots (e.g. local:2x2)")
-    return int(match[1]), int(match[2])
+    nodes, slots = int(match[1]), int(match[2])
+    if slots & (slots - 1):
+        # Buddy placement needs a power of two per node; the worker would leave
+        # every such node out and find no cluster to schedule.
+        raise ValueError(f"--ray {spec!r}: G={slots} worker slots per node is not a power of two (1, 2, 4, 8 ...)")
+    return nodes, slots
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """`--ray HOST:PORT`: fail at once, naming the address, when nothing
+    answers there (Ray's own client retries its connection for minutes, and
+    the stack would look started meanwhile)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--ray {address!r}: expected the head's HOST:PORT (e.g. 10.0.0.1:6379) or local:NxG")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--ray {address}: no Ray head answers there ({exc.strerror or exc}); start it with "
+                         f"`ray start --head --port={port}` or name its address (docs/ray.md)") from None
 
 
 class LocalRayCluster:

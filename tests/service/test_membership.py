@@ -46,6 +46,27 @@ def test_local_cluster_specs_are_checked() -> None:
     for bad in ("local:2", "local:0x2", "2x", "local:axb"):
         with pytest.raises(ValueError, match="expected local:NxG"):
             parse_local(bad)
+    with pytest.raises(ValueError, match="G=3 worker slots per node is not a power of two"):
+        parse_local("local:2x3")
+
+
+def test_a_ray_head_that_is_not_there_is_named_at_once() -> None:
+    import socket
+    import time
+
+    from scheduler_service.stack.ray_local import check_reachable
+
+    with socket.socket() as listening:  # something answers here
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_reachable(f"127.0.0.1:{listening.getsockname()[1]}")
+        closed = listening.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=f"--ray 127.0.0.1:{closed}: no Ray head answers there"):
+        check_reachable(f"127.0.0.1:{closed}")
+    assert time.monotonic() - started < 5
+    with pytest.raises(ValueError, match="expected the head's HOST:PORT"):
+        check_reachable("nowhere")
 
 
 def _cluster(*names: str) -> Cluster:

@@ -58,6 +58,10 @@ def stack_env(home: Path, port: int) -> dict[str, str]:
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # Prefect's default profile lets a client with no API URL start a
+        # temporary server of its own and talk to it, silently: nothing the
+        # stack starts may, so a missing URL fails loudly instead.
+        "PREFECT_SERVER_EPHEMERAL_ENABLED": "false",
     }
 
 
@@ -127,7 +131,7 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     submit runs."""
     import asyncio
 
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
 
     from scheduler_service.stack.deployments import MODELS, deploy, deploy_pipeline, ensure_pool
 
@@ -149,15 +153,18 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
         server.start()
         assert server.process is not None
         wait_healthy(settings["PREFECT_API_URL"], server.process)
-        # this process's Prefect settings may predate the environment set above
-        with temporary_settings(updates={PREFECT_API_URL: settings["PREFECT_API_URL"]}):
+        # This process's Prefect settings may predate the environment set above: for
+        # as long as the stack runs, its clients (the demo's submissions) talk to
+        # the stack's server; without this, the demo started a temporary one.
+        with temporary_settings(updates={PREFECT_API_URL: settings["PREFECT_API_URL"],
+                                         PREFECT_SERVER_EPHEMERAL_ENABLED: False}):
             asyncio.run(ensure_pool(POOL))
             worker.start()  # boots meanwhile
             with open(logs / "deploy.log", "a") as log, redirect_stdout(log):  # Prefect prints a table per deploy
                 deployed = deploy(POOL, models or MODELS)
                 deployed["pipeline/daily"] = deploy_pipeline(POOL, paused=not schedules)
-        yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
-                         server, worker, ray_cluster)
+            yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
+                             server, worker, ray_cluster)
     finally:
         worker.stop()
         # flow runs still going: they checkpoint and stop

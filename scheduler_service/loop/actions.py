@@ -23,6 +23,10 @@ class Admitted:
     guaranteed_finish: float | None  # when its plan completes, if guaranteed
     gpus_now: int  # what the plan gives it from now on
     decision_s: float  # the policy call's wall time
+    # Re-planned, not decided: a run an earlier life of the service admitted, or
+    # every run after a change of nodes. Its decision and its phase stand (a
+    # running run stays running in the store); only its share may change.
+    replanned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

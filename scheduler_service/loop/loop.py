@@ -281,7 +281,7 @@ class ControlLoop:
     @staticmethod
     def _admitted(run: LoopRun, decision: Decision, gpus_now: int, seconds: float) -> Admitted:
         return Admitted(run.run_id, decision.guaranteed, decision.share, decision.message,
-                        decision.guaranteed_finish, gpus_now, seconds)
+                        decision.guaranteed_finish, gpus_now, seconds, replanned=run.adopted)
 
     def _rejected(self, run: LoopRun, decision: Decision, now: float, seconds: float) -> Rejected:
         """The policy's rejection on the user's clock, saying what actually

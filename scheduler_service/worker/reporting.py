@@ -164,6 +164,11 @@ class Reporter:
 
     async def admitted(self, run: ServiceRun, action: Admitted, view: RunView | None, now: float) -> None:
         share = action.share
+        if action.replanned:  # its one decision stands, and so does its phase (a running run stays running)
+            self.store.upsert_job(run.run_id, share=share)
+            await self.in_background(self.publisher.labels, run.run_id, {
+                Label.MSS: share if share is not None else "best-effort"}, lane=run.run_id)
+            return
         self.store.add(DecisionRecord(flow_run_id=run.run_id, admitted=True, message=action.message, share=share,
                                       decision_ms=action.decision_s * 1000))
         self.store.upsert_job(run.run_id, RunPhase.ADMITTED, share=share, message=action.message)

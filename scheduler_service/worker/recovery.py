@@ -17,7 +17,7 @@ from typing import Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
-from scheduler_service.contracts import AllocationAction, RunPhase
+from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, outcome_of
 from scheduler_service.loop.events import Adopted
 from scheduler_service.worker.intake import policy_job
 from scheduler_service.worker.registry import ServiceRun
@@ -26,6 +26,7 @@ from scheduler_service.worker.store import AllocationRecord, RunRecord, ServiceS
 log = logging.getLogger("prefect.workers.elasticflow.recovery")  # shown with the worker's own lines
 
 ADOPTED_SINCE_S = 3600.0  # an adopted run's restart is long paid
+RECONCILED = 200  # released runs whose end is settled at a restart, newest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,8 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
             flow_run = None
         found = found_in(flow_run)
         if found.final:
-            store.upsert_job(row.flow_run_id, RunPhase.FINISHED, gpus="")
+            store.upsert_job(row.flow_run_id, RunPhase.FINISHED, gpus="",
+                             outcome=settled(row, flow_run, found, control_root).value)
             if row.status == RunPhase.RUNNING:  # it ended while no worker watched: its GPUs went with it
                 _released(store, row.flow_run_id, found.ended_at or datetime.now(timezone.utc))
             continue
@@ -108,7 +110,54 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
         if found.running:  # as it stands: on its GPUs, not merely admitted
             store.upsert_job(row.flow_run_id, RunPhase.RUNNING, gpus=",".join(map(str, event.held)))
         adopted.append((run, event))
+    await _reconcile_ended(client, store, control_root, alive)
     return adopted
+
+
+async def _reconcile_ended(client: Any, store: ServiceStore, control_root: str,
+                           alive: Callable[[str | None, str], bool]) -> None:
+    """Runs the store has released but a stop left half told: one released
+    before its final Prefect state was read gets its outcome; one Prefect
+    still shows live, its process gone, gets its final state. The most
+    recent RECONCILED only: an older store has rows from before outcomes."""
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Cancelled, Crashed
+
+    rows = [r for r in store.jobs(phases=(RunPhase.FINISHED,)) if r.outcome is None]
+    for row in sorted(rows, key=lambda r: aware(r.updated_at), reverse=True)[:RECONCILED]:
+        try:
+            flow_run = await client.read_flow_run(UUID(row.flow_run_id))
+        except ObjectNotFound:
+            continue
+        found = found_in(flow_run)
+        if not found.final:
+            if alive(flow_run.infrastructure_pid, row.flow_run_id):
+                continue  # still stopping: the worker that adopts nothing of it will see it end
+            final = Cancelled(message="its process is gone") if found.cancelling else \
+                Crashed(message="its process ended while no worker watched")
+            try:
+                await client.set_flow_run_state(UUID(row.flow_run_id), final, force=True)
+            except Exception:
+                log.exception("could not settle the final state of flow run %s", row.flow_run_id)
+                continue
+            log.warning("flow run %s: released before a stop, still %s in Prefect: marked %s", row.flow_run_id,
+                        flow_run.state.name, final.name)
+            flow_run = await client.read_flow_run(UUID(row.flow_run_id))
+            found = found_in(flow_run)
+        store.upsert_job(row.flow_run_id, outcome=settled(row, flow_run, found, control_root).value)
+
+
+def settled(row: RunRecord, flow_run: Any | None, found: Found, control_root: str) -> Outcome:
+    """How a run that ended while no worker told it ended: by the one rule
+    (contracts.outcome_of), from its final Prefect state and the iteration
+    its rank 0 last reported."""
+    channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
+    status = channel.status()
+    iteration = status.iteration if status is not None else 0
+    state = flow_run.state.type.value if flow_run is not None and flow_run.state is not None else "CRASHED"
+    deadline = None if row.deadline is None else aware(row.deadline).timestamp()
+    ended = (found.ended_at or datetime.now(timezone.utc)).timestamp()
+    return outcome_of(state, iteration, row.iterations, deadline, ended)
 
 
 def _released(store: ServiceStore, run_id: str, at: datetime) -> None:

@@ -37,3 +37,67 @@ def test_an_admitted_run_still_waiting_is_adopted_holding_nothing(tmp_path: Path
     found = Found(final=False, running=False, cancelling=False, scheduled=True)
     run, adopted = adopted_run(_row(), found, str(tmp_path), {1: 10.0}, max_job_gpus=2, now=NOW)
     assert not adopted.running and adopted.held == () and not run.foreign_process
+
+
+class _Client:
+    """Prefect's runs as a restarted worker reads them; the states it is told to set."""
+
+    def __init__(self, states: dict[str, object]) -> None:
+        self.states = states
+        self.set: dict[str, str] = {}
+
+    async def read_flow_run(self, run_id: object) -> object:
+        from types import SimpleNamespace
+
+        key = str(run_id)
+        return SimpleNamespace(id=key, state=self.states[key], parameters={}, infrastructure_pid="1:2")
+
+    async def set_flow_run_state(self, run_id: object, state: object, force: bool = False) -> None:
+        self.states[str(run_id)] = state
+        self.set[str(run_id)] = state.name  # type: ignore[attr-defined]
+
+
+def _store_with(rows: list[RunRecord]) -> object:
+    from sqlalchemy.pool import StaticPool
+    from sqlmodel import create_engine
+
+    from scheduler_service.worker.store import ServiceStore
+
+    store = ServiceStore(create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}))
+    for row in rows:
+        store.upsert_job(row.flow_run_id, **{k: v for k, v in row.model_dump().items() if k != "flow_run_id"})
+    return store
+
+
+def test_runs_that_ended_half_told_are_settled_with_their_real_outcome(tmp_path: Path) -> None:
+    """Store first, Prefect second, and a stop may come between: at the next
+    start, a run the store still has running but Prefect has final, one
+    released before its final state was read, and one released while Prefect
+    still shows it Cancelling (its process gone) all end with the outcome
+    their Prefect state says."""
+    import asyncio
+    import uuid
+
+    from prefect.states import Cancelling, Completed, Failed
+
+    from scheduler_service.worker.recovery import recover
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    done, failed, cancelling = ids
+    rows = []
+    for run_id, status in ((done, "running"), (failed, "finished"), (cancelling, "finished")):
+        row = _row()
+        row.flow_run_id, row.status = run_id, status
+        row.deadline = datetime(2030, 1, 1, tzinfo=timezone.utc)
+        row.submitted_at = datetime(2026, 12, 1, 11, 59, tzinfo=timezone.utc)
+        rows.append(row)
+    store = _store_with(rows)
+    FileControlChannel(done, tmp_path).publish_status({"iteration": 1000, "total_iterations": 1000})
+    client = _Client({done: Completed(), failed: Failed(message="rank 0 died"), cancelling: Cancelling()})
+    adopted = asyncio.run(recover(client, store, str(tmp_path), 2, NOW, alive=lambda pid, run_id: False))
+    assert adopted == []
+    outcomes = {row.flow_run_id: (row.status, row.outcome) for row in store.jobs()}  # type: ignore[attr-defined]
+    assert outcomes == {done: ("finished", "met"), failed: ("finished", "failed"),
+                        cancelling: ("finished", "cancelled")}
+    assert client.set == {cancelling: "Cancelled"}  # Prefect hears the end it missed, nothing else is touched
+    assert [a.action for a in store.allocations(done)] == ["release"]  # type: ignore[attr-defined]

@@ -1,3 +1,4 @@
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,6 +9,9 @@ import pytest
 from tests.stack import prefect_api, stack  # noqa: F401
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+# The tests' own model factories (tests/runtime/user_models.py) are allowed as
+# an operator allows a team's package; every process the tests start inherits it.
+os.environ.setdefault("ELASTICFLOW_MODEL_MODULES", "tests.runtime")
 
 
 @pytest.fixture

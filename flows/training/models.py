@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -195,14 +196,38 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
+# The operator's list of module prefixes users' model factories may come from,
+# comma-separated (e.g. "acme.models,research"); empty, only the built-in
+# models run. A factory is code run in the training processes: `os:system`
+# with `model_kwargs={"command": ...}` ran a shell command there.
+MODEL_MODULES_ENV = "ELASTICFLOW_MODEL_MODULES"
+
+
+def allowed_model_modules() -> tuple[str, ...]:
+    return tuple(p.strip() for p in os.environ.get(MODEL_MODULES_ENV, "").split(",") if p.strip())
+
+
+def check_allowed(name: str) -> None:
+    """A `pkg.module:factory` path must lie under a prefix the operator allowed;
+    checked without importing anything (the scheduler never imports user code)."""
+    module_name = name.partition(":")[0]
+    allowed = allowed_model_modules()
+    if not any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in allowed):
+        listed = ", ".join(allowed) if allowed else "empty: built-in models only"
+        raise ValueError(f"model module {module_name!r} is not one the operator allows ({MODEL_MODULES_ENV}: "
+                         f"{listed}); built-in models: {', '.join(known_models())}")
+
+
 def resolve_factory(name: str) -> Callable[..., nn.Module]:
-    """The factory for a registered name or a `pkg.module:factory` import path.
+    """The factory for a registered name or a `pkg.module:factory` import path
+    under a module the operator allowed.
 
     Raises ValueError naming the known models, so a typo fails at submission.
     """
     if name in MODELS:
         return MODELS[name].factory
     if is_import_path(name):
+        check_allowed(name)
         module_name, _, attr = name.partition(":")
         try:
             module = importlib.import_module(module_name)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from elasticflow_block.deadline import relative_seconds
 from elasticflow_block.hyperparameters import Hyperparameters
 from flows.training.datasets import DatasetSpec
-from flows.training.models import data_kind, is_import_path, resolve_factory
+from flows.training.models import check_allowed, data_kind, is_import_path, resolve_factory
 
 
 
@@ -98,6 +98,8 @@ class TrainParameters(BaseModel):
             resolve_factory(value)
         elif not _IMPORT_PATH.match(value):
             raise ValueError(f"model {value!r} is not a 'pkg.module:factory' import path")
+        else:
+            check_allowed(value)
         return value
 
     @field_validator("model_kwargs")

@@ -43,7 +43,7 @@ def test_user_model_by_import_path() -> None:
     model = build_model("tests.runtime.user_models:tiny_classifier", {"features": 32})
     assert model(torch.zeros(2, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="cannot import"):
-        resolve_factory("no_such_pkg.models:factory")
+        resolve_factory("tests.runtime.no_such_module:factory")
     with pytest.raises(ValueError, match="no callable"):
         resolve_factory("tests.runtime.user_models:missing")
 
@@ -79,3 +79,24 @@ def test_token_files(tmp_path: Path) -> None:
     assert (
         len(load_dataset(DatasetSpec(name="tokens", path=str(tmp_path / "train.npy"), options={"block_size": 8}))) == 12
     )
+
+
+def test_only_model_modules_the_operator_allows_are_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`os:system` with `model_kwargs={"command": ...}` ran a shell command in a
+    training rank: a factory is code, and only the operator says whose runs."""
+    import sys
+
+    from flows.training.params import TrainParameters
+
+    for path in ("os:system", "subprocess:run", "builtins:exec", "tests.runtimes.x:f", "tests:f"):
+        with pytest.raises(ValueError, match="is not one the operator allows .ELASTICFLOW_MODEL_MODULES: tests.runtime"):
+            resolve_factory(path)
+        with pytest.raises(ValueError, match="model\n.*ELASTICFLOW_MODEL_MODULES"):
+            TrainParameters.model_validate({"model": path}, context={"import_models": False})  # take-in: no import
+    monkeypatch.setenv("ELASTICFLOW_MODEL_MODULES", "")
+    with pytest.raises(ValueError, match="ELASTICFLOW_MODEL_MODULES: empty: built-in models only"):
+        resolve_factory("tests.runtime.user_models:tiny_classifier")
+    monkeypatch.setenv("ELASTICFLOW_MODEL_MODULES", "acme, tests.runtime")
+    assert callable(resolve_factory("tests.runtime.user_models:tiny_classifier"))
+    assert resolve_factory("mlp") is not None  # built-in models need no setting
+    assert "subprocess" not in sys.modules or True

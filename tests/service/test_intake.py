@@ -69,6 +69,7 @@ def test_a_users_model_module_is_never_imported_into_the_worker(tmp_path, monkey
 
     (tmp_path / "evil_model.py").write_text("raise SystemExit('imported into the worker')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("ELASTICFLOW_MODEL_MODULES", "evil_model")  # allowed, and still never imported here
     request = read_request({"model": "evil_model:build", "dataset": "synthetic-images", "iterations": 5}, NOW)
     assert request.model == "evil_model:build" and "evil_model" not in sys.modules
     with pytest.raises(InvalidRun, match="model: model 'evil model:build' is not"):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
@@ -52,7 +54,14 @@ def connect(address: str) -> None:
     import ray
 
     if not ray.is_initialized():
+        # ray.init replaces the driver's SIGTERM handler with one that calls
+        # sys.exit: in a flow process that took the place of Prefect's bridge,
+        # and a cancelled run went Cancelling -> Crashed ("aborted by Python
+        # system exit call") -> Cancelled. The handler there before stays.
+        before = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,9 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
             return state is not None and state.is_cancelled()
 
         wait_until(cancelled, 120, "the run to be Cancelled")
+        with get_client(sync_client=True) as client:  # as locally: never Crashed on the way (ray.init's handler)
+            names = [s.name for s in client.read_flow_run_states(long.id)]
+        assert "Crashed" not in names, names
         try:
             wait_until(lambda: not rank_actors(home), 60, "its ranks to be gone")
         except AssertionError:

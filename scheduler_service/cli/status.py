@@ -59,6 +59,11 @@ class RunView(BaseModel):
     earliest_feasible_deadline: datetime | None = None
 
 
+class LeftOut(BaseModel):
+    node: str
+    why: str
+
+
 class StatusReport(BaseModel):
     """The whole answer of `elasticflow status --json`."""
 
@@ -67,6 +72,7 @@ class StatusReport(BaseModel):
     cluster: str
     gpus: list[GpuSlot]
     runs: list[RunView]
+    left_out: list[LeftOut] = []  # nodes the worker found and does not use, and why
 
 
 def _home() -> Path:
@@ -77,6 +83,15 @@ def _home() -> Path:
 def _database_url(home: Path) -> str:
     # As scheduler_service.store.db.database_url, whose package pulls in sqlmodel.
     return os.environ.get("ELASTICFLOW_DATABASE_URL") or f"sqlite:///{home / 'elasticflow.db'}"
+
+
+def _left_out(home: Path) -> list[LeftOut]:
+    """The nodes the worker published as left out (`cluster.json`'s "left_out")."""
+    try:
+        published = json.loads((home / "cluster.json").read_text())
+        return [LeftOut.model_validate(entry) for entry in published.get("left_out", [])]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
 
 
 def _cluster(home: Path) -> tuple[str, list[str]]:
@@ -198,7 +213,7 @@ def report(home: Path | None = None) -> StatusReport:
     shown = make_url(url).render_as_string(hide_password=True)
     return StatusReport(at=datetime.now(timezone.utc), store=shown, cluster=description,
                         gpus=[GpuSlot(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
-                        runs=views)
+                        runs=views, left_out=_left_out(home))
 
 
 def _when(moment: datetime | None, now: datetime) -> str:
@@ -279,6 +294,7 @@ def render(data: StatusReport, console: Any) -> None:
     now = data.at
     data = data.model_copy(update={
         "cluster": printable(data.cluster),
+        "left_out": [LeftOut(node=printable(o.node), why=printable(o.why)) for o in data.left_out],
         "gpus": [s.model_copy(update={"holder": printable(s.holder)}) if s.holder else s for s in data.gpus],
         "runs": [v.model_copy(update={"name": printable(v.name), "model": printable(v.model),
                                       "detail": printable(v.detail),
@@ -286,6 +302,8 @@ def render(data: StatusReport, console: Any) -> None:
                  for v in data.runs]})
     counts = {p: sum(v.phase == p for v in data.runs) for p in PHASE_ORDER}
     console.print(f"cluster: {data.cluster}; store: {data.store}", markup=False, highlight=False)
+    for out in data.left_out:
+        console.print(f"  left out: node {out.node}: {out.why}", markup=False, highlight=False)
     for line in _gpu_map(data.gpus):
         console.print(line, markup=False, highlight=False)
     zone = datetime.now().astimezone().tzname()

@@ -34,10 +34,16 @@ class Cluster:
     nodes: tuple[str, ...]  # node names, index = Topology.node_of(gpu)
     source: str
     slots: tuple[GpuSlot, ...] = ()  # on a Ray cluster: where each GPU id is (index = GPU id)
+    left_out: tuple[tuple[str, str], ...] = ()  # (node, why) of the nodes found and not used
 
     def locate(self, gpus: tuple[int, ...]) -> list[GpuSlot] | None:
         """Where `gpus` are, for a run's command (None on one machine)."""
         return [self.slots[g] for g in gpus] if self.slots else None
+
+    def describe(self) -> str:
+        """The topology in words; on CPU nodes a "GPU" is a worker slot, and says so."""
+        text = self.topology.describe()
+        return f"{text} (CPU worker slots)" if self.device == "cpu" else text
 
     def publish(self, home: Path) -> None:
         """`cluster.json` in the home, for readers that must not guess the
@@ -48,8 +54,9 @@ class Cluster:
         gpu_nodes = [self.nodes[g // per_node] for g in range(self.topology.num_gpus)]
         home.mkdir(parents=True, exist_ok=True)
         tmp = home / ".cluster.json.tmp"
-        tmp.write_text(json.dumps({"description": self.topology.describe(), "source": self.source,
-                                   "gpu_nodes": gpu_nodes}))
+        tmp.write_text(json.dumps({"description": self.describe(), "source": self.source,
+                                   "gpu_nodes": gpu_nodes,
+                                   "left_out": [{"node": n, "why": why} for n, why in self.left_out]}))
         tmp.replace(home / "cluster.json")
 
     def nodes_of(self, gpus: list[int] | tuple[int, ...]) -> list[str]:

@@ -30,7 +30,7 @@ class ClusterChange:
     def describe(self) -> str:
         parts = [f"lost {', '.join(self.gone)}" if self.gone else "", f"joined {', '.join(self.joined)}"
                  if self.joined else ""]
-        return "; ".join(p for p in parts if p) + f"; now {self.cluster.topology.describe()}"
+        return "; ".join(p for p in parts if p) + f"; now {self.cluster.describe()}"
 
 
 def renumbering(old: Cluster, new: Cluster) -> dict[int, int]:

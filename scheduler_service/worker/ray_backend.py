@@ -68,7 +68,7 @@ class RayBackend:
         self.order = [i for i in self.order if i in known] + sorted(
             (i for i in known if i not in self.order), key=lambda i: (known[i].name, i))
         ordered = [known[i] for i in self.order]
-        self._cluster = _as_cluster(ordered, self.address)
+        self._cluster = _as_cluster(ordered, self.address, tuple((n.name, n.reason) for n in excluded))
         return self._cluster
 
     def changed(self, now: float) -> Cluster | None:
@@ -79,7 +79,7 @@ class RayBackend:
         self._checked = now
         before = self._cluster
         after = self.cluster()
-        return after if after.slots != before.slots else None
+        return after if after.slots != before.slots or after.left_out != before.left_out else None
 
     # -- runs ------------------------------------------------------------------
     def open(self, home: Path) -> None:
@@ -141,11 +141,12 @@ class RayBackend:
         return len(names)
 
 
-def _as_cluster(nodes: list[RayNode], address: str) -> Cluster:
+def _as_cluster(nodes: list[RayNode], address: str, left_out: tuple[tuple[str, str], ...] = ()) -> Cluster:
     if not nodes:
         raise RuntimeError(f"the Ray cluster at {address} has no usable node (see the lines above); start GPU "
                            "nodes, or CPU nodes with --resources '{\"elasticflow_slots\": N}' (docs/ray.md)")
     per_node = nodes[0].gpus
     topology = Topology(1, len(nodes), per_node)
     slots = tuple(slot for node in nodes for slot in node.slots())
-    return Cluster(topology, nodes[0].device, tuple(n.name for n in nodes), f"Ray cluster at {address}", slots)
+    return Cluster(topology, nodes[0].device, tuple(n.name for n in nodes), f"Ray cluster at {address}", slots,
+                   left_out)

@@ -108,7 +108,7 @@ class ElasticFlowWorker(ProcessWorker):
                      self.client)
         settings, restart_s = self.settings, self.loop.policy.clock.overhead(1)
         self._logger.info("ElasticFlow scheduler: %s (%s), policy %s, slot %.1f s, %s backend",
-                          self.cluster.topology.describe(), self.cluster.source, settings.policy,
+                          self.cluster.describe(), self.cluster.source, settings.policy,
                           settings.interval_s, self.backend.name)
         self.cluster.publish(settings.home)
         await self._adopt()
@@ -216,7 +216,7 @@ class ElasticFlowWorker(ProcessWorker):
             changed.publish(self.settings.home)
             self._logger.warning("cluster changed: %s", change.describe())
             self.reporter.publisher.cluster_event(EventName.CLUSTER_CHANGED, {
-                "lost": change.gone, "joined": change.joined, "topology": changed.topology.describe()},
+                "lost": change.gone, "joined": change.joined, "topology": changed.describe()},
                 nodes=[*change.gone, *change.joined])
             events.append(change.event)
         return events, [*ended, *gone]

@@ -153,6 +153,19 @@ def test_a_cluster_the_worker_published_is_the_map(tmp_path: Path) -> None:
     assert data.cluster == "2 nodes x 2 GPUs" and [s.node for s in data.gpus] == ["a", "a", "b", "b"]
 
 
+def test_nodes_the_worker_left_out_are_listed_with_why(tmp_path: Path) -> None:
+    """issue 24: a Ray node of 3 slots was left out with one line in worker.log,
+    and `status` said nothing of it."""
+    (tmp_path / "cluster.json").write_text(json.dumps({
+        "description": "1 switch x 2 nodes x 2 GPUs = 4 GPUs", "gpu_nodes": ["a", "a", "b", "b"],
+        "left_out": [{"node": "c", "why": "3 GPUs: buddy placement needs a power of two per node"}]}))
+    data = report(tmp_path)
+    assert [(o.node, o.why) for o in data.left_out] == [("c", "3 GPUs: buddy placement needs a power of two per node")]
+    out = io.StringIO()
+    render(data, Console(file=out, width=120))
+    assert "left out: node c: 3 GPUs: buddy placement needs a power of two per node" in out.getvalue()
+
+
 def test_a_name_with_control_characters_cannot_forge_a_line_or_colour_the_terminal(tmp_path: Path) -> None:
     from scheduler_service.store.db import get_engine
     from scheduler_service.worker.store import ServiceStore

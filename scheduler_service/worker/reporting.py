@@ -49,6 +49,7 @@ VERBS = {AllocationAction.LAUNCH: "launched", AllocationAction.RESCALE: "resized
 # a server that far behind tells a new admission so late that its launch,
 # which waits for its Admitted state, would start later than planned.
 BACKLOG_PER_REQUEST = 4
+DRAIN_S = 5.0  # a graceful stop waits this long at most for Prefect to hear what already happened
 
 
 class Reporter:
@@ -90,6 +91,19 @@ class Reporter:
             await gated()
         else:
             group.start_soon(gated)
+
+    async def drain(self, timeout_s: float = DRAIN_S) -> bool:
+        """Wait, at most `timeout_s` and even while being stopped, until
+        everything told in the background has gone out (a graceful stop);
+        whether it all did. The store holds it all already; what is still
+        untold then is settled by the next worker's start (recovery.py)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s):
+            while self.untold or len(self.lanes):
+                await anyio.sleep(0.05)
+            return True
+        log.warning("stopping with %d decisions and %d runs' writes not yet told to Prefect: the next start settles "
+                    "them", self.untold, len(self.lanes))
+        return False
 
     def swamped(self) -> bool:
         """Whether Prefect's server is too far behind for more decisions now."""

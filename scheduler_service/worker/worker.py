@@ -147,6 +147,8 @@ class ElasticFlowWorker(ProcessWorker):
         self.view.restore(*allocation_changes(store))
 
     async def teardown(self, *exc_info: Any) -> None:
+        if self.reporter is not None:  # what already happened reaches Prefect before the client closes
+            await self.reporter.drain()
         self.profiler.close()
         self.backend.close()
         await super().teardown(*exc_info)

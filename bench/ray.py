@@ -15,6 +15,11 @@ Also printed, to explain the difference: the first segment's phases (launch
 restored -> first iteration) on each backend.
 Targets: Ray's first iteration within 1.5x of local, a resize within 2x.
 Reported, not asserted. Run: .venv/bin/python bench/ray.py [--runs 3]
+
+With `--spares all,1,0` only (b) runs, on Ray, once per cap on the warm rank
+actors a run keeps per node (ELASTICFLOW_RAY_SPARES_PER_NODE; `all`: one per
+GPU of the run there): what each choice costs a resize, beside the actors it
+holds between resizes on its 2 nodes (~360 MiB each).
 """
 
 from __future__ import annotations
@@ -110,9 +115,33 @@ def first_iterations(tmp: Path, ray: str | None, runs: int) -> list[float]:
     return out[1:]
 
 
+def spares(tmp: Path, address: str, runs: int, caps: list[str]) -> int:
+    """(b) on Ray for each cap on warm actors per node; the actors a run holds
+    between resizes: its 4 ranks on 2 nodes, plus its warm ones."""
+    from flows.training.ray_ranks import SPARES_ENV
+
+    rows = {}
+    for cap in caps:
+        if cap == "all":
+            os.environ.pop(SPARES_ENV, None)
+        else:
+            os.environ[SPARES_ENV] = str(int(cap))
+        seconds, _ = resize_runs(tmp / f"spares-{cap}", address, runs)
+        held = 4 + 2 * (2 if cap == "all" else min(int(cap), 2))
+        rows[cap] = {"resize_s": median(seconds), "actors_held": held, "each": seconds}
+        print(f"spares per node {cap:>3}: resize 2 -> 4 -> 2 median {median(seconds):.2f} s "
+              f"[{', '.join(f'{v:.2f}' for v in seconds)}], {held} actors held at 4 slots "
+              f"(~{held * 360 / 1024:.1f} GiB)", flush=True)
+    os.environ.pop(SPARES_ENV, None)
+    print(json.dumps({"spares": rows}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--spares", help="comma-separated caps on warm actors per node (all, or a number): "
+                        "measure only the resize on Ray for each")
     args = parser.parse_args()
 
     from scheduler_service.stack.ray_local import LocalRayCluster
@@ -121,6 +150,14 @@ def main() -> int:
     started = time.perf_counter()
     cluster = LocalRayCluster(2, 2)
     print(f"local Ray cluster 2 nodes x 2 slots up in {time.perf_counter() - started:.1f} s at {cluster.address}")
+    if args.spares:
+        try:
+            return spares(tmp, cluster.address, args.runs, args.spares.split(","))
+        finally:
+            import ray
+
+            ray.shutdown()
+            cluster.shutdown()
     try:
         local_resize, local_phases = resize_runs(tmp, None, args.runs)
         ray_resize, ray_phases = resize_runs(tmp, cluster.address, args.runs)

@@ -95,11 +95,29 @@ def _actor_env() -> dict[str, str]:
     return keep
 
 
+# Warm rank actors a run keeps per node, at most (unset: one for each GPU its
+# placement has there). Each is a process with torch imported, ~360 MiB: a
+# 4-slot run held 8 actors, 2.9 GiB. One that is missing is started cold when
+# a resize needs it (bench/ray.py measures what that costs).
+SPARES_ENV = "ELASTICFLOW_RAY_SPARES_PER_NODE"
+
+
+def spares_per_node(env: dict[str, str] | None = None) -> int | None:
+    """The operator's cap on warm actors per node and run; None: no cap."""
+    value = (os.environ if env is None else env).get(SPARES_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"{SPARES_ENV}={value!r}: expected a whole number of warm actors per node (0 for none)")
+    return int(value)
+
+
 class ActorPool:
     """Warm rank actors per node, owned by this process (they end with it)."""
 
-    def __init__(self, run_key: str) -> None:
+    def __init__(self, run_key: str, per_node: int | None = None) -> None:
         self.run_key = run_key
+        self.per_node = per_node  # the cap on warm actors per node (None: one per GPU placed there)
         self.ready: dict[str, list[Any]] = {}
         self.count = 0
         self.env = _actor_env()
@@ -117,10 +135,12 @@ class ActorPool:
         return standbys.pop() if standbys else self._new(slot.node)
 
     def refill(self, placement: list[GpuSlot]) -> None:
-        """Keep one warm actor for each GPU of `placement` on its node."""
+        """Keep one warm actor for each GPU of `placement` on its node, up to the cap per node."""
         wanted: dict[str, int] = {}
         for slot in placement:
             wanted[slot.node] = wanted.get(slot.node, 0) + 1
+        if self.per_node is not None:
+            wanted = {node: min(count, self.per_node) for node, count in wanted.items()}
         for node, count in wanted.items():
             standbys = self.ready.setdefault(node, [])
             while len(standbys) < count:
@@ -319,7 +339,7 @@ class RayRanks:
 
     def __init__(self, address: str, run_key: str, control: FileControlChannel | None) -> None:
         connect(address)
-        self.pool = ActorPool(run_key)
+        self.pool = ActorPool(run_key, spares_per_node())
         self.control = control
         self.last: RaySegment | None = None
 

@@ -79,6 +79,12 @@ class WorkerSettings(BaseSettings):
     ray_address: str | None = _setting(
         None, "a Ray cluster (`host:port` of its head): its live nodes are the cluster and each run's ranks run "
         "on them (docs/ray.md)", "none: this machine")
+    ray_spares_per_node: int | None = _setting(
+        None, "on Ray, warm rank actors a run keeps per node (~360 MiB each) for its next resize; one missing is "
+        "started cold", "one per GPU of the run there", ge=0)
+    model_modules: str = _setting(
+        "", "module prefixes (`,`-separated) users' model factories (`pkg.module:factory`) may come from; checked "
+        "at take-in without importing, and in the run's processes", "none: built-in models only")
 
     @field_validator("policy")
     @classmethod

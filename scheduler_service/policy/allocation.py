@@ -19,6 +19,7 @@ from typing import Callable, Collection, Mapping
 
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.plan import Plan, SlotClock, cover
+from scheduler_service.policy.timeline import Timeline
 
 
 def step_cost(job: Job, levels: tuple[int, ...], remaining: float, have: int, want: int) -> float:
@@ -76,17 +77,23 @@ def grow(
     return spare
 
 
-def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock) -> bool:
+def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock,
+                  unclaimed_s: float = 0.0) -> bool:
     """Running the job on `gpus` GPUs from `slot` keeps its plan sufficient:
     the plan still covers what is left after the restart this causes now and
-    one more for when the grant is taken back."""
+    one more for when the grant is taken back. `unclaimed_s`: how long no
+    plan claims that many GPUs from now (the free timeline)."""
     assert job.deadline is not None
-    if plan.gpus_at(slot) == 0 and cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining:
+    if plan.gpus_at(slot) == 0 and unclaimed_s > clock.overhead(gpus) and \
+            cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining:
         # Its plan gives it nothing now and, started from nothing, still covers
         # what is left: taking spare GPUs back leaves it as it is now, idle with
-        # less to do, and its plan's first start is charged already. Asking for
-        # two restarts' worth of slack here kept a 60-iteration run idle on an
-        # idle cluster for ten minutes, its plan at the end of its window.
+        # less to do, and its plan's first start is charged already. Worth it
+        # when no plan claims them before a start is paid (granted for less,
+        # the starts and parks cost the others on a busy cluster:
+        # elasticVpollux_e 0.785 -> 0.779 through the service's loop). Asking
+        # for two restarts' worth of slack here kept a 60-iteration run idle
+        # on an idle cluster for ten minutes, its plan at the end of its window.
         return True
     speed, overhead = job.curve.points, clock.overhead
     now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
@@ -98,6 +105,13 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
     return st.remaining + now_cost + later_cost <= have + ahead
 
 
+def unclaimed_s(timeline: Timeline, slot: int, gpus: int, clock: SlotClock) -> float:
+    """How long, from `slot`, no plan claims `gpus` GPUs (only as far as it
+    takes to tell whether a start on them would be paid off)."""
+    needed = int(clock.overhead(gpus) // clock.interval) + 2
+    return timeline.free_for(slot, gpus, slot + needed) * clock.interval
+
+
 def affords_restarts(
     job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock, restarts: int = 1
 ) -> bool:
@@ -105,6 +119,8 @@ def affords_restarts(
     unplanned restarts (migrations) and still meet its plan: what placement
     asks before it moves the job."""
     assert job.deadline is not None
+    if plan.gpus_at(slot) == 0 and cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining:
+        return True  # on spare GPUs its plan does not need: moved or parked, it is where its plan left it
     need = st.remaining + (restarts - 1) * job.curve.points[gpus] * clock.overhead(gpus)
     if gpus == plan.gpus_at(slot):
         # Following the plan, but paying a fresh restart for the run under way.

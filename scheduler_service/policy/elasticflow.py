@@ -24,7 +24,8 @@ from typing import Mapping
 from scheduler_service.policy.admission import (
     Candidate, Refused, Replanned, displace, earliest_deadline, placeable_throughout, plan_all, plan_one,
 )
-from scheduler_service.policy.allocation import cannot_afford_restarts, grant_is_safe, grow, narrower_for_now
+from scheduler_service.policy.allocation import (
+    cannot_afford_restarts, grant_is_safe, grow, narrower_for_now, unclaimed_s)
 from scheduler_service.policy.interface import (
     Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
@@ -336,7 +337,8 @@ class ElasticFlowPolicy(SchedulingPolicy):
     def _safe(self, job_id: str, gpus: int, slot: int, own: JobStatus) -> bool:
         """Granting `gpus` now keeps a guaranteed job's plan sufficient (allocation.py)."""
         return job_id not in self.guaranteed or grant_is_safe(
-            self.jobs[job_id], self.plans[job_id], own, gpus, slot, self.clock)
+            self.jobs[job_id], self.plans[job_id], own, gpus, slot, self.clock,
+            unclaimed_s(self.timeline, slot, gpus, self.clock))
 
     def _place(self, slot: int, alloc: dict[str, int], status: Mapping[str, JobStatus]) -> Placement:
         """Place the allocation; if that would move a job that cannot afford a

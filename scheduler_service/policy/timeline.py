@@ -30,6 +30,13 @@ class Timeline:
         i = bisect_right(self._starts, slot) - 1
         return self.capacity - self._used[max(i, 0)]
 
+    def free_for(self, slot: int, gpus: int, hi: int) -> int:
+        """Slots from `slot` (at most to `hi`) during which `gpus` GPUs stay unreserved."""
+        for start, end, free in self.forward(slot, hi):
+            if free < gpus:
+                return start - slot
+        return hi - slot
+
     @property
     def last_change(self) -> int:
         """From this slot on nothing is reserved."""

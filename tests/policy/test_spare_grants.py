@@ -1,0 +1,44 @@
+"""Spare GPUs for a run its plan gives nothing now (its plan lies later in its
+window): granted when no plan claims them before a start is paid, never a
+risk to its guarantee, and never a reason to move a guaranteed run instead."""
+
+from __future__ import annotations
+
+from scheduler_service.policy.allocation import affords_restarts, grant_is_safe, unclaimed_s
+from scheduler_service.policy.jobs import Job, JobStatus, ThroughputCurve
+from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.policy.plan import Plan, Run, SlotClock
+from scheduler_service.policy.timeline import Timeline
+
+CLOCK = SlotClock(2.0, RestartOverhead(2.0, 0.5, 0.0))  # the test stack's: 2 s slots, 2.5 s a start
+CURVE = ThroughputCurve({1: 1000.0})
+JOB = Job("late", 0.0, 5000.0, 600.0, CURVE)
+LATE_PLAN = Plan((Run(295, 299, 1),), 1)  # its 5 s of work planned in the window's last 8 s (5,500 iterations)
+
+
+def test_a_run_planned_late_takes_spare_gpus_no_plan_claims_before_a_start_is_paid() -> None:
+    idle = Timeline(2)
+    idle.add(LATE_PLAN.runs)
+    assert unclaimed_s(idle, 0, 1, CLOCK) > CLOCK.overhead(1)
+    assert grant_is_safe(JOB, LATE_PLAN, JobStatus(5000.0), 1, 0, CLOCK, unclaimed_s(idle, 0, 1, CLOCK))
+    # Both GPUs claimed by another run's plan from the next slot: a start there would be taken back unpaid.
+    busy = idle.copy()
+    busy.add((Run(1, 200, 2),))
+    assert unclaimed_s(busy, 0, 1, CLOCK) == 2.0
+    assert not grant_is_safe(JOB, LATE_PLAN, JobStatus(5000.0), 1, 0, CLOCK, unclaimed_s(busy, 0, 1, CLOCK))
+
+
+def test_a_run_on_spare_gpus_its_plan_does_not_need_can_always_be_moved() -> None:
+    """Pinned, such runs made placement move guaranteed runs instead: two
+    admitted runs of ITP cluster07 (16 x 8) missed through the service's loop."""
+    assert affords_restarts(JOB, LATE_PLAN, JobStatus(5000.0, 1, 0.0), 1, 0, CLOCK, restarts=2)
+    short = Plan((Run(298, 299, 1),), 1)  # covers less than what is left: it is not spare to it
+    assert not affords_restarts(JOB, short, JobStatus(60_000.0, 1, 0.0), 1, 0, CLOCK)
+
+
+def test_free_for_counts_the_slots_a_width_stays_unreserved() -> None:
+    timeline = Timeline(4)
+    timeline.add((Run(3, 10, 2), Run(5, 8, 2)))
+    assert timeline.free_for(0, 2, 20) == 5  # 2 free until slot 5, where all 4 are taken
+    assert timeline.free_for(0, 3, 20) == 3
+    assert timeline.free_for(10, 4, 20) == 10  # nothing reserved from slot 10 on

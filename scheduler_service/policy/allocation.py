@@ -9,7 +9,10 @@ first when it can, because every change costs a restart.
 Extra GPUs must never endanger a deadline. A grant is safe when the job's plan
 still covers its remaining iterations after paying for the restart the grant
 causes now and for one more restart when the grant is taken back later; the
-simulator's tests check that every admitted job meets its deadline.
+simulator's tests check that every admitted job meets its deadline. A job
+whose plan gives it nothing now is the exception: taking spare GPUs back
+leaves it where its plan left it, so it needs no slack, only GPUs that stay
+unclaimed for longer than a start.
 """
 
 from __future__ import annotations

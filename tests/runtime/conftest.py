@@ -57,19 +57,28 @@ def when_iteration_reaches(
 ) -> threading.Thread:
     """Run `action` from a thread once rank 0 of a local segment has logged
     `iteration` (polled every 2 ms)."""
+    return when_progress(segment, lambda line: line["iteration"] >= iteration, action, timeout_s)
+
+
+def when_progress(
+    segment: RunningSegment, reached: Callable[[dict[str, Any]], bool], action: Callable[[], None],
+    timeout_s: float = 60
+) -> threading.Thread:
+    """Run `action` from a thread once rank 0's last progress line (a
+    `ProgressLine` as a dict) satisfies `reached` (polled every 2 ms)."""
     folder: Path = segment.dir  # type: ignore[attr-defined]  # a local segment's folder
 
     def watch() -> None:
+        import json
+
         path = folder / PROGRESS_FILE
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if path.exists():
                 lines = path.read_text().splitlines()
                 if lines and '"iteration": ' in lines[-1]:
-                    import json
-
                     try:
-                        if json.loads(lines[-1])["iteration"] >= iteration:
+                        if reached(json.loads(lines[-1])):
                             action()
                             return
                     except ValueError:

@@ -85,24 +85,17 @@ def _database_url(home: Path) -> str:
     return os.environ.get("ELASTICFLOW_DATABASE_URL") or f"sqlite:///{home / 'elasticflow.db'}"
 
 
-def _left_out(home: Path) -> list[LeftOut]:
-    """The nodes the worker published as left out (`cluster.json`'s "left_out")."""
+def _cluster(home: Path) -> tuple[str, list[str], list[LeftOut]]:
+    """The cluster's description, each GPU's node and the nodes left out: as
+    the worker published it (`cluster.json` in the home: {"description": str,
+    "gpu_nodes": [node of GPU 0, ...], "left_out": [{"node", "why"}, ...]}, if
+    it does), else chosen as scheduler_service.worker.cluster.load chooses it
+    (cluster file, else this machine)."""
     try:
         published = json.loads((home / "cluster.json").read_text())
-        return [LeftOut.model_validate(entry) for entry in published.get("left_out", [])]
-    except (OSError, ValueError, TypeError, AttributeError):
-        return []
-
-
-def _cluster(home: Path) -> tuple[str, list[str]]:
-    """The cluster's description and each GPU's node: as the worker published
-    it (`cluster.json` in the home: {"description": str, "gpu_nodes": [node of
-    GPU 0, ...]}, if it does), else chosen as scheduler_service.worker.cluster.load
-    chooses it (cluster file, else this machine)."""
-    try:
-        published = json.loads((home / "cluster.json").read_text())
-        return str(published["description"]), [str(n) for n in published["gpu_nodes"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return (str(published["description"]), [str(n) for n in published["gpu_nodes"]],
+                [LeftOut.model_validate(entry) for entry in published.get("left_out", [])])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     chosen = os.environ.get("ELASTICFLOW_CLUSTER")
     default = Path(__file__).resolve().parents[2] / "infra" / "cluster.csv"
@@ -114,14 +107,14 @@ def _cluster(home: Path) -> tuple[str, list[str]]:
         nodes = switches * per_switch
         names = ["localhost"] if nodes == 1 else [f"node-{i}" for i in range(nodes)]
         return (f"{nodes} node(s) x {per_node} GPUs ({path})",
-                [names[g // per_node] for g in range(nodes * per_node)])
+                [names[g // per_node] for g in range(nodes * per_node)], [])
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     cuda = (len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]) if visible is not None
             else len(glob.glob("/dev/nvidia[0-9]*")))
     slots = cuda or int(os.environ.get("ELASTICFLOW_CPU_SLOTS") or os.cpu_count() or 1)
     count = 1 << (max(1, slots).bit_length() - 1)
     what = "local CUDA devices" if cuda else "local CPU worker slots"
-    return f"{count} {what} on localhost", ["localhost"] * count
+    return f"{count} {what} on localhost", ["localhost"] * count, []
 
 
 def _aware(moment: datetime | None) -> datetime | None:
@@ -201,7 +194,7 @@ def report(home: Path | None = None) -> StatusReport:
     """Everything `status` prints, read from the store and the control folders."""
     home = home or _home()
     url = _database_url(home)
-    description, node_of = _cluster(home)
+    description, node_of, left_out = _cluster(home)
     missing = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists()
     runs, decisions, allocations = ([], {}, {}) if missing else _read_tables(url)
     views = [_view(row, decisions.get(row.flow_run_id), allocations.get(row.flow_run_id, []),
@@ -213,7 +206,7 @@ def report(home: Path | None = None) -> StatusReport:
     shown = make_url(url).render_as_string(hide_password=True)
     return StatusReport(at=datetime.now(timezone.utc), store=shown, cluster=description,
                         gpus=[GpuSlot(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
-                        runs=views, left_out=_left_out(home))
+                        runs=views, left_out=left_out)
 
 
 def _when(moment: datetime | None, now: datetime) -> str:

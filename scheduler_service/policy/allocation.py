@@ -87,16 +87,14 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
     one more for when the grant is taken back. `unclaimed_s`: how long no
     plan claims that many GPUs from now (the free timeline)."""
     assert job.deadline is not None
-    if plan.gpus_at(slot) == 0 and unclaimed_s > clock.overhead(gpus) and \
-            cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining:
-        # Its plan gives it nothing now and, started from nothing, still covers
-        # what is left: taking spare GPUs back leaves it as it is now, idle with
-        # less to do, and its plan's first start is charged already. Worth it
-        # when no plan claims them before a start is paid (granted for less,
-        # the starts and parks cost the others on a busy cluster:
-        # elasticVpollux_e 0.785 -> 0.779 through the service's loop). Asking
-        # for two restarts' worth of slack here kept a 60-iteration run idle
-        # on an idle cluster for ten minutes, its plan at the end of its window.
+    if unclaimed_s > clock.overhead(gpus) and waits_for_its_plan(job, plan, st, slot, clock):
+        # Taking spare GPUs back leaves it as it is now, idle with less to do,
+        # and its plan's first start is charged already: no slack is needed,
+        # only GPUs that no plan claims before a start is paid (granted for
+        # less, the starts and parks are churn the others pay for; such a
+        # grant is then judged as any other, below). Asking for two restarts'
+        # worth of slack kept a 60-iteration run idle on an idle cluster for
+        # ten minutes, its plan at the end of its window.
         return True
     speed, overhead = job.curve.points, clock.overhead
     now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
@@ -106,6 +104,13 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
     # interval), in which the job outruns its plan by this much:
     ahead = (speed[gpus] - job.curve.speed(plan.gpus_at(slot))) * clock.interval
     return st.remaining + now_cost + later_cost <= have + ahead
+
+
+def waits_for_its_plan(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:
+    """Its plan gives it nothing now and, started from nothing, still covers
+    what is left: whatever spare GPUs it runs on until then are not its plan's."""
+    assert job.deadline is not None
+    return plan.gpus_at(slot) == 0 and cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining
 
 
 def unclaimed_s(timeline: Timeline, slot: int, gpus: int, clock: SlotClock) -> float:
@@ -122,7 +127,7 @@ def affords_restarts(
     unplanned restarts (migrations) and still meet its plan: what placement
     asks before it moves the job."""
     assert job.deadline is not None
-    if plan.gpus_at(slot) == 0 and cover(plan, job.curve, slot, job.deadline, 0, 0.0, clock) >= st.remaining:
+    if waits_for_its_plan(job, plan, st, slot, clock):
         return True  # on spare GPUs its plan does not need: moved or parked, it is where its plan left it
     need = st.remaining + (restarts - 1) * job.curve.points[gpus] * clock.overhead(gpus)
     if gpus == plan.gpus_at(slot):

@@ -18,13 +18,19 @@ order: a launch onto GPUs another run was last told to use). Targets (on
 PostgreSQL): no creation error, all decided, p99 <= 10 s. Reported, not
 asserted: the exit status is nonzero only if the benchmark itself fails.
 
-Run: .venv/bin/python bench/burst.py [--runs 200] [--database postgresql|sqlite|both]
+With `--hog`, one CPU-bound process (`while 1: pass`) runs beside the stack
+for the whole benchmark, as another tenant's job would. The last line is JSON:
+per database `runs`, `created`, `decided`, `errors`, `lost`, `double_booked`,
+`p50_s`, `p99_s`.
+
+Run: .venv/bin/python bench/burst.py [--runs 200] [--database postgresql|sqlite|both] [--hog]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import subprocess
 import sys
@@ -76,6 +82,13 @@ class Burst:
         if not values:
             return None
         return values[max(0, math.ceil(q / 100 * len(values)) - 1)]  # nearest rank
+
+    def figures(self) -> dict[str, Any]:
+        p50, p99 = self.percentile(50), self.percentile(99)
+        return {"runs": self.runs, "created": len(self.created), "decided": len(self.latencies),
+                "errors": self.http_503 + len(self.other_errors), "http_503": self.http_503,
+                "lost": self.lost, "double_booked": len(self.double_booked),
+                "p50_s": None if p50 is None else round(p50, 2), "p99_s": None if p99 is None else round(p99, 2)}
 
     def lines(self) -> list[str]:
         p50, p99 = self.percentile(50), self.percentile(99)
@@ -252,12 +265,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database", choices=("postgresql", "sqlite", "both"), default="both")
     parser.add_argument("--timeout", type=float, default=900.0, help="longest wait for every decision, s")
     parser.add_argument("--keep", action="store_true", help="keep each stack's home (logs, store) and print where")
+    parser.add_argument("--hog", action="store_true", help="one busy-looping process beside the stack throughout")
     args = parser.parse_args(argv)
+    hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"]) if args.hog else None
+    try:
+        return _measure(args)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
 
+
+def _measure(args: argparse.Namespace) -> int:
     from scheduler_service.stack.postgres import NO_POSTGRES, binaries, throwaway_postgres
 
     print("load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     chosen = ["postgresql", "sqlite"] if args.database == "both" else [args.database]
+    figures: dict[str, Any] = {"hog": args.hog}
     for database in chosen:
         with tempfile.TemporaryDirectory(prefix=f"burst-{database}-") as scratch:
             tmp = tempfile.mkdtemp(prefix=f"burst-{database}-") if args.keep else scratch  # 3.11: no delete=False
@@ -272,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 burst = run_burst(database, args.runs, Path(tmp), None, args.timeout)
         print("\n".join(burst.lines()), flush=True)
+        figures[database] = burst.figures()
     print("load after:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(json.dumps(figures))
     return 0
 
 

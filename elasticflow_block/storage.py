@@ -109,6 +109,10 @@ class CheckpointStorage:
         path = self._dir(run_key)
         return path if self._local() else self.fs.unstrip_protocol(path)
 
+    def local_folder(self, run_key: str) -> Path | None:
+        """The run's folder on this machine's file system; None for a remote store."""
+        return Path(self._dir(run_key)) if self._local() else None
+
     def _local(self) -> bool:
         protocol = self.fs.protocol
         return "file" in ((protocol,) if isinstance(protocol, str) else protocol)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,10 +98,15 @@ def default_control_root() -> Path:
 
 
 def write_json_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one. In a folder
+    shared with a run's ranks (setgid, `identity.RankIdentity.share`) the file
+    is readable by their group, as the command they poll must be."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    if path.parent.stat().st_mode & stat.S_ISGID:
+        os.chmod(tmp, 0o640)
     os.replace(tmp, path)
 
 

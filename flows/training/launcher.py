@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from flows.training.identity import RankIdentity
 from flows.training.orders import RankOrder, Seat, StandbyOrder, free_port, rank_orders
 from flows.training.segment import SegmentResult, SegmentSpec
 from flows.training.standby import POOL, WorkerPool
@@ -60,16 +61,21 @@ class Segment:
     """A running segment: its processes, its folder, and how to stop it."""
 
     def __init__(
-        self, spec: SegmentSpec, gpus: list[int], workdir: Path | None = None, pool: WorkerPool | None = None
+        self, spec: SegmentSpec, gpus: list[int], workdir: Path | None = None, pool: WorkerPool | None = None,
+        identity: RankIdentity | None = None,
     ) -> None:
         if not gpus:
             raise ValueError("a segment needs at least one GPU / worker slot")
-        self.spec, self.gpus = spec, list(gpus)
+        self.spec, self.gpus, self.identity = spec, list(gpus), identity
         if workdir is not None:
             workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if identity is not None:
+                identity.share(workdir, contents=False)
         self.dir = Path(tempfile.mkdtemp(prefix=f"segment-{spec.run_key[:12]}-", dir=workdir))  # 0700
         with open(self.dir / "spec.json", "w", opener=lambda name, flags: os.open(name, flags, 0o600)) as fh:
             fh.write(spec.model_dump_json())
+        if identity is not None:  # its ranks write logs, progress and the result here, and read the spec
+            identity.share(self.dir)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.orders: list[RankOrder] = []
         self.pool = pool or POOL
@@ -82,7 +88,8 @@ class Segment:
         self.orders = rank_orders(local_seats(self.gpus), JOB_ADDR, port, self.spec.device, self.launch_t, self.gpus)
         self.procs = self.pool.take(len(self.gpus))
         for order, proc in zip(self.orders, self.procs):
-            line = StandbyOrder(segment_dir=str(self.dir), log=str(self._log(order.rank)), order=order)
+            line = StandbyOrder(segment_dir=str(self.dir), log=str(self._log(order.rank)), order=order,
+                                identity=self.identity)
             assert proc.stdin is not None
             try:
                 proc.stdin.write(line.model_dump_json().encode() + b"\n")
@@ -204,9 +211,10 @@ def run_segment(
     on_progress: ProgressCallback | None = None,
     workdir: Path | None = None,
     timeout_s: float | None = None,
+    identity: RankIdentity | None = None,
 ) -> SegmentResult:
     """Launch, supervise and collect one segment."""
-    segment = Segment(spec, gpus, workdir)
+    segment = Segment(spec, gpus, workdir, identity=identity)
     segment.start()
     try:
         return segment.wait(on_progress, timeout_s=timeout_s)

@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.training.identity import RankIdentity
+
 
 LOOPBACK = "127.0.0.1"
 
@@ -87,10 +89,12 @@ def rank_orders(seats: list[Seat], master_addr: str, master_port: int, device: L
 
 class StandbyOrder(BaseModel):
     """What a local standby reads on its stdin (one JSON line): its segment's
-    folder, the log to write to, and its rank's order."""
+    folder, the log to write to, its rank's order, and the account it runs the
+    segment as (None: the launcher's own)."""
 
     model_config = ConfigDict(extra="forbid")
 
     segment_dir: str
     log: str
     order: RankOrder
+    identity: RankIdentity | None = None

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from elasticflow_block.home import elasticflow_home
+from flows.training import identity
 from flows.training.launcher import run_segment
 from flows.training.params import Hyperparameters, TrainParameters
 from flows.training.runtime import default_device
@@ -71,6 +73,10 @@ def profile_throughput(
     )
     give_up = None if timeout_s is None else time.time() + timeout_s
     scratch = tempfile.mkdtemp(prefix="elasticflow-profile-")
+    home = elasticflow_home()
+    account = identity.identity_for(f"profile-{uuid.uuid4().hex[:12]}", home)  # a profile runs user code too
+    if account is not None:
+        account.share(Path(scratch))
     curve: dict[int, float] = {}
     try:
         for count in sorted(set(gpu_counts)):
@@ -86,7 +92,7 @@ def profile_throughput(
             )
             for attempt in (1, 2):  # a worker process can fail to start its part: once more, fresh
                 left = None if give_up is None else max(0.0, give_up - time.time())
-                result = run_segment(spec, ids[:count], workdir=Path(scratch), timeout_s=left)
+                result = run_segment(spec, ids[:count], workdir=Path(scratch), timeout_s=left, identity=account)
                 if result.reason != "crashed" or attempt == 2 or (give_up is not None and time.time() >= give_up):
                     break
                 log.warning("profiling model=%s gpus=%d crashed, retrying: %s", model, count, result.error)
@@ -96,4 +102,6 @@ def profile_throughput(
             log.info("profiled model=%s batch=%d gpus=%d it_per_s=%.3f", model, batch_size, count, curve[count])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if account is not None:
+            account.release(home)
     return curve

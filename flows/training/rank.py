@@ -350,13 +350,15 @@ def standby(early_log: str | None = None) -> int:
         return 0
     order = StandbyOrder.model_validate_json(line)
     os.environ.update(order.order.env())
+    if early_log:  # while it is still the launcher's to remove
+        with contextlib.suppress(OSError):
+            os.unlink(early_log)
+    if order.identity is not None:  # before the segment's files, the user's model or data are touched
+        order.identity.assume(Path(order.segment_dir))
     fd = os.open(order.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    if early_log:
-        with contextlib.suppress(OSError):
-            os.unlink(early_log)
     return main(order)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from flows.training.control import FileControlChannel, GpuSlot
+from flows.training.identity import RankIdentity
 from flows.training.launcher import POOL, Segment, prune_segment_dirs
 from flows.training.segment import SegmentSpec
 from flows.training.standby import WorkerPool
@@ -38,12 +39,12 @@ class LocalRanks:
     """Every rank a process on this machine, on loopback; relaunches take
     warm standbys from the process's `WorkerPool`."""
 
-    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL) -> None:
-        self.segments_dir, self.pool = segments_dir, pool
+    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL, identity: RankIdentity | None = None) -> None:
+        self.segments_dir, self.pool, self.identity = segments_dir, pool, identity
 
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> Segment:
         prune_segment_dirs(self.segments_dir, keep=KEEP_SEGMENT_DIRS - 1)  # and this one makes the count
-        return Segment(spec, gpus, workdir=self.segments_dir, pool=self.pool)
+        return Segment(spec, gpus, workdir=self.segments_dir, pool=self.pool, identity=self.identity)
 
     def refill(self, standby: int) -> None:
         self.pool.refill(standby)
@@ -56,8 +57,11 @@ class LocalRanks:
         and a next run in the same process (tests, benchmarks) takes them."""
 
 
-def ranks_for(ray_address: str | None, run_key: str, channel: FileControlChannel) -> Ranks:
-    """Ray actors when the run was launched on a Ray cluster, else local processes."""
+def ranks_for(
+    ray_address: str | None, run_key: str, channel: FileControlChannel, identity: RankIdentity | None = None
+) -> Ranks:
+    """Ray actors when the run was launched on a Ray cluster, else local
+    processes (as `identity`'s account, when given)."""
     if ray_address:
         from flows.training.ray_nodes import loopback_before_import
 
@@ -65,4 +69,4 @@ def ranks_for(ray_address: str | None, run_key: str, channel: FileControlChannel
         from flows.training.ray_ranks import RayRanks
 
         return RayRanks(ray_address, run_key, channel)
-    return LocalRanks(channel.folder / "segments")
+    return LocalRanks(channel.folder / "segments", identity=identity)

@@ -20,7 +20,9 @@ from typing import Callable, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from elasticflow_block.home import elasticflow_home
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
+from flows.training import identity
 from flows.training.control import ControlAck, FileControlChannel, GpuSlot, default_control_root
 from flows.training.datasets import load_dataset
 from flows.training.params import TrainParameters
@@ -178,6 +180,20 @@ def _rescale_s(previous: SegmentResult, result: SegmentResult) -> float | None:
     return result.timings.loaded_t - stop_t if stop_t else None
 
 
+def _local_identity(
+    params: TrainParameters, run_key: str, channel: FileControlChannel, storage: CheckpointStorage
+) -> identity.RankIdentity | None:
+    """The account this run's local ranks take (`ELASTICFLOW_RANK_USER`). Ray
+    actors run as their node's Ray processes do: that is the cluster's to set."""
+    if params.ray_address:
+        if identity.configured_user():
+            log.warning("%s is not applied on Ray: rank actors run as the Ray node's user (docs/ray.md)",
+                        identity.RANK_USER_ENV)
+        return None
+    folders = [channel.folder, *filter(None, [storage.local_folder(run_key)])]
+    return identity.for_run(run_key, folders, elasticflow_home())
+
+
 def run_training(
     params: TrainParameters,
     run_key: str,
@@ -194,8 +210,9 @@ def run_training(
     tracker = (tracker_factory(total, channel) if tracker_factory
                else ProgressTracker(run_key, total, params.deadline, channel))
     device = default_device(params.device)
-    run = _Run(params, run_key, channel, CheckpointStorage(checkpoint_url, keep=params.keep_checkpoints), park_poll_s)
-    ranks = ranks_for(params.ray_address, run_key, channel)
+    storage = CheckpointStorage(checkpoint_url, keep=params.keep_checkpoints)
+    run = _Run(params, run_key, channel, storage, park_poll_s)
+    ranks = ranks_for(params.ray_address, run_key, channel, _local_identity(params, run_key, channel, storage))
     termination = Termination()
     termination.install()
 

@@ -9,6 +9,8 @@ keeps the two equal).
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,42 @@ class WorkerSettings(BaseSettings):
     model_modules: str = _setting(
         "", "module prefixes (`,`-separated) users' model factories (`pkg.module:factory`) may come from; checked "
         "at take-in without importing, and in the run's processes", "none: built-in models only")
+    rank_user: str | None = _setting(
+        None, "the unprivileged user training ranks run as (the stack must run as root), each run with a group of "
+        "its own: ranks reach their run's checkpoint and control folders, not the store, the logs or other runs' "
+        "(docs/operating.md)", "none: the stack's user")
+    rank_gids: str = _setting(
+        "", "gids (`FIRST-LAST`) free on this machine for runs' own groups", "`3000000-3999999`")
+
+    @field_validator("rank_user")
+    @classmethod
+    def _usable_rank_user(cls, name: str | None) -> str | None:
+        from flows.training.identity import check_user, unreachable
+
+        if not name or not name.strip():
+            return None
+        wanted = "an unprivileged user the stack can switch to and who can read Python and the project"
+        try:
+            check_user(name.strip())
+        except ValueError as exc:
+            raise ValueError(f"{wanted} ({str(exc).split(': ', 1)[1]})") from None
+        for needed in (Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]):
+            blocker = unreachable(needed / "lib")
+            if blocker is not None:
+                raise ValueError(f"{wanted} ({blocker} keeps that user from {needed}: install Python and the "
+                                 "project where it can read them)")
+        return name.strip()
+
+    @field_validator("rank_gids")
+    @classmethod
+    def _gid_range(cls, text: str) -> str:
+        from flows.training.identity import gid_range
+
+        try:
+            gid_range(text)
+        except ValueError as exc:
+            raise ValueError(str(exc).split(": expected ", 1)[1]) from None
+        return text
 
     @field_validator("policy")
     @classmethod
@@ -102,6 +140,17 @@ class WorkerSettings(BaseSettings):
                             overhead=RestartOverhead(stop_s=0.5, restart_s=self.restart_s, per_level_s=0.0),
                             poll_s=self.effective_poll_s, launch_s=self.launch_s,
                             safety_margin=self.safety_margin, at_risk_s=self.at_risk_s)
+
+    def warnings(self, restart_s: float) -> list[str]:
+        """What the operator should know at start: settings that work, but not well."""
+        found = []
+        if self.interval_s < 2 * restart_s:
+            found.append(f"slot {self.interval_s:.1f} s is under two restarts ({2 * restart_s:.1f} s): no spare GPUs "
+                         "will be granted early; raise ELASTICFLOW_INTERVAL_S or lower ELASTICFLOW_RESTART_S")
+        if os.geteuid() == 0 and self.rank_user is None and self.ray_address is None:
+            found.append("the stack runs as root and so would users' training code: set ELASTICFLOW_RANK_USER to "
+                         "an unprivileged user (docs/operating.md, 'What a run can see and touch')")
+        return found
 
     @property
     def effective_poll_s(self) -> float:

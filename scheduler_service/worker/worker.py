@@ -116,10 +116,8 @@ class ElasticFlowWorker(ProcessWorker):
         # The first take-in would otherwise pay for importing the train flow's
         # parameter model (and torch with it): about 4 s on a small machine.
         await anyio.to_thread.run_sync(importlib.import_module, "flows.training.params")
-        if settings.interval_s < 2 * restart_s:
-            self._logger.warning(
-                "slot %.1f s is under two restarts (%.1f s): no spare GPUs will be granted early; raise "
-                "ELASTICFLOW_INTERVAL_S or lower ELASTICFLOW_RESTART_S", settings.interval_s, 2 * restart_s)
+        for warning in settings.warnings(restart_s):
+            self._logger.warning(warning)
 
     def connect(self, store: ServiceStore, publisher: Publisher, client: Any) -> None:
         """Make what tells the store and Prefect, and reads Prefect: setup

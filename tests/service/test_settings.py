@@ -36,6 +36,9 @@ def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     ("ELASTICFLOW_CPU_SLOTS", "0", "at least 1"),
     ("ELASTICFLOW_WARM_START", "maybe", "1 or 0"),
     ("ELASTICFLOW_POLICY", "fastest", "one of"),
+    ("ELASTICFLOW_RANK_USER", "no-such-user-here", "no such user on this machine"),
+    ("ELASTICFLOW_RANK_USER", "root", "name an unprivileged user"),
+    ("ELASTICFLOW_RANK_GIDS", "9-1", "FIRST-LAST"),
 ])
 def test_a_bad_value_stops_the_worker_with_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, name: str,
                                                                value: str, says: str) -> None:
@@ -48,3 +51,21 @@ def test_a_bad_value_stops_the_worker_with_one_line_naming_it(monkeypatch: pytes
 
 def test_the_docs_table_is_the_settings_model() -> None:
     assert settings_table() in DOCS.read_text(), "docs/service.md: paste settings_table()'s output"
+
+
+def test_ranks_as_root_are_warned_of_and_an_unreadable_python_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import sys
+    from pathlib import Path
+
+    from flows.training.identity import unreachable
+
+    if os.geteuid() != 0:
+        pytest.skip("the warning and the check are about a stack that runs as root")
+    assert any("ELASTICFLOW_RANK_USER" in w for w in load_settings().warnings(restart_s=0.0))
+    if unreachable(Path(sys.base_prefix) / "lib") is None:
+        assert not any("RANK_USER" in w for w in load_settings(rank_user="nobody").warnings(restart_s=0.0))
+    else:  # this machine's Python is out of reach of other users: the worker would not start its ranks
+        monkeypatch.setenv("ELASTICFLOW_RANK_USER", "nobody")
+        with pytest.raises(SettingsError, match="install Python and the project where it can read them"):
+            load_settings()

@@ -23,6 +23,8 @@ from typing import Any, Iterable, Literal
 
 from flows.training.control import GpuSlot
 
+log = logging.getLogger("elasticflow.ray")  # a flow process forwards `elasticflow.*` to the run's Prefect logs
+
 SLOTS_RESOURCE = "elasticflow_slots"  # worker slots a CPU-only node offers (`ray start --resources`)
 RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # the worker's setting: the Ray cluster its runs' ranks run on
 NAMESPACE = "elasticflow"  # the Ray namespace of the rank actors
@@ -62,6 +64,32 @@ def connect(address: str) -> None:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
         if before is not None:
             signal.signal(signal.SIGTERM, before)
+        _condense_cluster_errors()
+
+
+def _condense_cluster_errors() -> None:
+    """Ray's driver prints every error the cluster publishes (a node marked
+    dead, an actor's death) to stdout, whatever its logging settings, with the
+    raylet's state dump: ~160 lines in the worker's log per lost node. They
+    become one warning each, on our logger, without the dump. Ray has no
+    setting for it: its module-level printer is replaced, and anything else
+    it prints is left alone."""
+    import ray._private.worker as ray_worker
+
+    printer = ray_worker.print_to_stdstream
+    if getattr(printer, "condensed", False):
+        return
+
+    def condensed(data: dict, ignore_prefix: bool) -> None:
+        if data.get("pid") != "raylet":
+            printer(data, ignore_prefix)
+            return
+        for message in data.get("lines", []):
+            head = str(message).split("[state-dump]", 1)[0].strip().splitlines()
+            log.warning("Ray: %s", " ".join(line.strip() for line in head[:3])[:500])
+
+    condensed.condensed = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = condensed
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ def _home() -> Path:
     return Path(os.environ.get("ELASTICFLOW_HOME") or Path.home() / ".elasticflow")
 
 
-def _database_url(home: Path) -> str:
+def store_url(home: Path) -> str:
     # As scheduler_service.store.db.database_url, whose package pulls in sqlmodel.
     return os.environ.get("ELASTICFLOW_DATABASE_URL") or f"sqlite:///{home / 'elasticflow.db'}"
 
@@ -193,7 +193,7 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
 def report(home: Path | None = None) -> StatusReport:
     """Everything `status` prints, read from the store and the control folders."""
     home = home or _home()
-    url = _database_url(home)
+    url = store_url(home)
     description, node_of, left_out = _cluster(home)
     missing = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists()
     runs, decisions, allocations = ([], {}, {}) if missing else _read_tables(url)

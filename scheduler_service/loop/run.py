@@ -180,6 +180,8 @@ class LoopRun:
         True if that leaves it holding nothing."""
         if self.pending_seq is None or seq < self.pending_seq:
             return False
+        if self.reported_gpus and tuple(gpus) != self.reported_gpus:  # its rate was at another width, and
+            self.rate = Rate()  # the restart's standstill is in it
         self.pending_seq, self.held = None, tuple(gpus)
         return not self.held
 

@@ -99,15 +99,23 @@ class LocalRayCluster:
 def main(argv: list[str]) -> int:
     nodes, slots = parse_local(argv[0])
     cluster = LocalRayCluster(nodes, slots)
-    stop = threading.Event()
+    stop, grow = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: (grow.set(), stop.set()))  # a machine back after one died
     out = Path(argv[1])
     tmp = out.with_suffix(".tmp")
     tmp.write_text(cluster.address)
     tmp.replace(out)
-    print(f"local Ray cluster: {nodes} nodes x {slots} slots at {cluster.address}", flush=True)
-    stop.wait()
+    print(f"local Ray cluster: {nodes} nodes x {slots} slots at {cluster.address}; SIGHUP adds a node", flush=True)
+    while True:
+        stop.wait()
+        if not grow.is_set():
+            break
+        grow.clear()
+        stop.clear()
+        cluster.add_node()
+        print(f"local Ray cluster: node ray-node-{len(cluster.nodes) - 1} added", flush=True)
     cluster.shutdown()
     return 0
 

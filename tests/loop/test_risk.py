@@ -75,3 +75,21 @@ def test_a_noisy_rate_raises_no_flapping_alerts() -> None:
         d.handle(Progress("a", iteration, (0, 1), 18.0, noisy), now)
         changes += d.new(d.step(now), RiskChanged).values()
     assert changes == []
+
+
+def test_after_a_resize_the_outlook_waits_for_a_rate_at_the_new_width() -> None:
+    """The rate measured before a resize (at another width, with the restart's
+    standstill in it) says nothing of the new set: the plan's projection, the
+    one the resize's own line shows, stands until the new width shows its own.
+    Before, a resize was logged "on track" and "at risk" 6 ms apart."""
+    run = LoopRun("a", job("a", T0, 36_000, T0 + 3600, CURVE), T0)
+    run.admit(1)
+    run.acknowledge(run.launch((0,), T0), (0,))
+    run.planned(T0 + 2500)
+    for second in range(0, 601, 5):  # 10 it/s on one GPU, as profiled
+        run.report(10 * second, (0,), 10.0, None)
+        measured = run.projected_finish(T0 + second)
+    assert measured == T0 + 600 + (36_000 - 6000) / 10  # its own rate, once shown for a while
+    run.acknowledge(run.move((0, 1), T0 + 600), (0, 1))
+    run.report(6000, (0, 1), None, None)
+    assert run.projected_finish(T0 + 610) == T0 + 2500  # the plan's, not the old width's

@@ -1,0 +1,351 @@
+"""Chaos for a bounded time against `elasticflow up` (issue 24): a seeded
+random mix of submissions and faults, and the invariants checked every
+minute and at the end.
+
+Submissions (every 2-6 s): deadline runs the cluster can meet, best-effort
+runs, infeasible ones (rejected at once), and deadline runs cancelled 1-15 s
+after they are created. Faults (every 15-35 s): SIGKILL of the worker, of the
+Prefect server, of one rank of a training run; SIGINT to `up` and a fresh
+`up`; the newest checkpoint of a training run corrupted; with `--ray`
+(`up --ray local:2x2`), SIGKILL of a non-head node's raylet, and the node
+added back 20 s later.
+
+Invariants (`scheduler_service.stack.audit`): every run decided exactly once;
+no GPU held by two runs or by an ended run (both checked every minute, while
+faults fly); at the end, once every run is final: the store (and so `elasticflow
+status`) and Prefect agree on every run, none lost, no process of an ended
+run alive, and every admitted deadline run met its deadline unless a fault
+hit it while it was live (those are counted, by fault). After the stack
+stops, no process it started is left.
+
+The last line is JSON: `runs`, `submitted` and `faults` by kind,
+`violations`, `problems` by kind, `excused_misses`, `minutes`, `seed`.
+
+Run: .venv/bin/python bench/chaos.py [--minutes 10] [--seed 0] [--ray] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MLP_CURVE = {1: 20.0, 2: 36.0}  # seeded: admission plans with it; the real CPU rate is several times higher
+SETTINGS = {"ELASTICFLOW_CLUSTER": str(ROOT / "infra" / "local-cpu2.csv"), "ELASTICFLOW_INTERVAL_S": "2",
+            "ELASTICFLOW_RESTART_S": "0.5", "ELASTICFLOW_LAUNCH_S": "0", "PREFECT_LOGGING_LEVEL": "INFO"}
+HARD = {"double_booked", "held_by_ended", "decisions"}  # must hold at every moment, faults or not
+
+
+def say(*parts: Any) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+class Chaos:
+    """One chaos session: the stack it runs, what it submitted, what it broke."""
+
+    def __init__(self, base: Path, port: int, seed: int, ray: bool) -> None:
+        self.home, self.port, self.ray = base / "home", port, ray
+        self.rng = random.Random(seed)
+        self.log = base / "up.log"
+        self.runs: dict[str, str] = {}  # flow run id -> kind of submission
+        self.submitted: Counter[str] = Counter()
+        self.faults: Counter[str] = Counter()
+        self.hit: dict[str, set[str]] = {}  # run -> faults it lived through
+        self.problems: Counter[str] = Counter()
+        self.seen: list[str] = []  # the violations, for the report
+        self.starts = 0
+        self.up: subprocess.Popen[bytes] | None = None
+        self.env = {**os.environ, **SETTINGS, "ELASTICFLOW_HOME": str(self.home),
+                    "PREFECT_API_URL": self.api_url, "PREFECT_HOME": str(self.home / "prefect")}
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    # -- the stack ------------------------------------------------------------
+    def start(self) -> None:
+        argv = [sys.executable, "-c", "from scheduler_service.cli import main; main()", "up",
+                "--home", str(self.home), "--port", str(self.port)] + (["--ray", "local:2x2"] if self.ray else [])
+        self.up = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=open(self.log, "ab"),
+                                   stderr=subprocess.STDOUT)
+        self.starts += 1
+        give_up = time.time() + 300
+        while self.log.read_text(errors="replace").count("ElasticFlow worker started") < self.starts:
+            if self.up.poll() is not None or time.time() > give_up:
+                raise RuntimeError(f"`up` did not start: {self.log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.5)
+        if self.starts == 1:
+            from scheduler_service.store import save_curve
+
+            save_curve("mlp", 32, MLP_CURVE)
+
+    def stop(self) -> None:
+        if self.up is not None and self.up.poll() is None:
+            self.up.send_signal(signal.SIGINT)
+            self.up.wait(timeout=180)
+
+    def _group(self, what: str) -> Any:
+        from scheduler_service.stack.groups import groups_of
+
+        return next((g for g in groups_of(self.home) if g.what == what), None)
+
+    def _training(self) -> list[str]:
+        from scheduler_service.cli.status import report
+        from scheduler_service.contracts import RunPhase
+
+        return [v.flow_run_id for v in report(self.home).runs if v.phase is RunPhase.RUNNING]
+
+    def _live(self) -> list[str]:
+        from scheduler_service.cli.status import report
+        from scheduler_service.contracts import RunPhase
+
+        return [v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.ADMITTED, RunPhase.RUNNING)]
+
+    # -- submissions ----------------------------------------------------------
+    def submit(self) -> None:
+        kind = self.rng.choices(["deadline", "best_effort", "infeasible", "cancelled"], [5, 2, 2, 1])[0]
+        window = self.rng.uniform(60, 180)
+        planned = {"deadline": 0.15, "cancelled": 0.2, "infeasible": 3.0}.get(kind, 0.0)
+        parameters: dict[str, Any] = {"hyperparameters": {"global_batch_size": 32}, "device": "cpu",
+                                      "checkpoint_interval": 200}
+        if kind == "best_effort":
+            parameters["iterations"] = self.rng.randint(400, 2000)
+        else:
+            parameters["iterations"] = int(MLP_CURVE[1] * window * planned * self.rng.uniform(0.5, 1.0)) + 50
+            parameters["deadline"] = (datetime.now(timezone.utc) + timedelta(seconds=window)).isoformat()
+        run_id = self._create(parameters)
+        if run_id is None:
+            return
+        self.runs[run_id] = kind
+        self.submitted[kind] += 1
+        if kind == "cancelled":
+            self.later.append((time.time() + self.rng.uniform(1, 15), lambda r=run_id: self._cancel(r)))
+
+    def _create(self, parameters: dict[str, Any]) -> str | None:
+        """A run of train/mlp; None if the server is down for longer than a retry."""
+        from prefect.deployments import run_deployment
+
+        for _ in range(20):
+            try:
+                return str(run_deployment("train/mlp", parameters=parameters, timeout=0).id)  # type: ignore[union-attr]
+            except Exception:  # the server is being killed or restarted: try again
+                time.sleep(2.0)
+        self.submitted["not_created"] += 1
+        return None
+
+    def _cancel(self, run_id: str) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Cancelling
+
+        for _ in range(10):
+            try:
+                with get_client(sync_client=True) as client:
+                    run = client.read_flow_run(run_id)  # type: ignore[arg-type]
+                    if run.state is None or run.state.is_final():
+                        return
+                    client.set_flow_run_state(run_id, Cancelling())  # type: ignore[arg-type]
+                    return
+            except Exception:
+                time.sleep(2.0)
+
+    # -- faults ---------------------------------------------------------------
+    def fault(self) -> None:
+        kinds = ["kill_worker", "kill_server", "kill_rank", "stop_up", "corrupt_checkpoint"]
+        if self.ray:
+            kinds.append("kill_raylet")
+        kind = self.rng.choice(kinds)
+        live = self._live()
+        done = getattr(self, f"_{kind}")()
+        if not done:
+            return
+        self.faults[kind] += 1
+        for run_id in live if kind not in ("kill_rank", "corrupt_checkpoint") else [done]:
+            self.hit.setdefault(str(run_id), set()).add(kind)
+        say(f"fault {kind}" + (f" ({done})" if isinstance(done, str) else ""))
+
+    def _kill_worker(self) -> bool:
+        group = self._group("worker")
+        return bool(group and group.signal(signal.SIGKILL))
+
+    def _kill_server(self) -> bool:
+        group = self._group("server")
+        return bool(group and group.signal(signal.SIGKILL))
+
+    def _kill_rank(self) -> str | None:
+        """SIGKILL one rank (a process of the run's group other than its flow process)."""
+        for run_id in self.rng.sample(self._training(), k=len(self._training())):
+            group = self._group(f"flow run {run_id}")
+            ranks = [p for p in (group.members() if group else []) if p != group.pgid]
+            if ranks:
+                os.kill(self.rng.choice(ranks), signal.SIGKILL)
+                return run_id
+        return None
+
+    def _stop_up(self) -> bool:
+        self.stop()
+        self.start()
+        return True
+
+    def _corrupt_checkpoint(self) -> str | None:
+        for run_id in self._training():
+            newest = sorted((self.home / "checkpoints" / run_id).glob("ckpt-*.pt"))
+            if newest:
+                with open(newest[-1], "r+b") as fh:
+                    fh.seek(max(0, newest[-1].stat().st_size // 2))
+                    fh.write(b"chaos" * 8)
+                return run_id
+        return None
+
+    def _kill_raylet(self) -> bool:
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if cmdline[0].endswith("/raylet") and "--node-name=ray-node-0" not in cmdline \
+                    and f"ELASTICFLOW_HOME={self.home}".encode() in environ.split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+                cluster = self._group("local Ray cluster")
+                self.later.append((time.time() + 20, lambda: cluster and cluster.signal(signal.SIGHUP)))
+                return True
+        return False
+
+    # -- checks ---------------------------------------------------------------
+    def check(self, final: bool) -> int:
+        from prefect.client.orchestration import get_client
+
+        from scheduler_service.stack.audit import audit, decision_counts, read_flow_runs
+
+        async def read() -> Any:
+            async with get_client() as client:
+                return await read_flow_runs(client, list(self.runs))
+
+        excused = {r: ",".join(sorted(f)) for r, f in self.hit.items()}
+        found = audit(self.home, asyncio.run(read()), decision_counts(self.home), excused,
+                      settle_s=0.0 if final else 120.0).violations
+        counted = [v for v in found if final or v.problem.value in HARD]
+        for violation in counted:
+            self.problems[violation.problem.value] += 1
+            self.seen.append(f"{violation.problem.value}: {violation.run}: {violation.detail}")
+        return len(counted)
+
+    def settle(self, timeout_s: float) -> None:
+        """Until every run is final in Prefect and ended in the store (or `timeout_s`)."""
+        from scheduler_service.cli.status import report
+        from scheduler_service.contracts import RunPhase
+
+        give_up = time.time() + timeout_s
+        while time.time() < give_up:
+            ended = {v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED)}
+            if set(self.runs) <= ended and not self.check_quietly():
+                return
+            time.sleep(5.0)
+
+    def check_quietly(self) -> int:
+        from prefect.client.orchestration import get_client
+
+        from scheduler_service.stack.audit import audit, decision_counts, read_flow_runs
+
+        async def read() -> Any:
+            async with get_client() as client:
+                return await read_flow_runs(client, list(self.runs))
+
+        try:
+            return len(audit(self.home, asyncio.run(read()), decision_counts(self.home), settle_s=0.0).violations)
+        except Exception:
+            return 1
+
+    def excused_misses(self) -> int:
+        from scheduler_service.cli.status import report
+        from scheduler_service.contracts import Outcome
+
+        return sum(1 for v in report(self.home).runs if v.outcome is Outcome.MISSED and v.flow_run_id in self.hit)
+
+    # -- the session ----------------------------------------------------------
+    def run(self, minutes: float) -> dict[str, Any]:
+        self.later: list[tuple[float, Any]] = []
+        self.start()
+        end, next_fault, next_check = time.time() + minutes * 60, time.time() + 20, time.time() + 60
+        while time.time() < end:
+            now = time.time()
+            for due, action in [d for d in self.later if d[0] <= now]:
+                self.later.remove((due, action))
+                action()
+            if now >= next_fault:
+                self.fault()
+                next_fault = time.time() + self.rng.uniform(15, 35)
+            elif now >= next_check:
+                say(f"check: {self.check(final=False)} violations, {len(self.runs)} runs")
+                next_check = time.time() + 60
+            else:
+                self.submit()
+            if self.up is not None and self.up.poll() is not None:  # `up` itself must never die of a fault
+                self.problems["up_exited"] += 1
+                self.seen.append(f"up exited with {self.up.returncode}")
+                self.start()
+            time.sleep(self.rng.uniform(2, 6))
+        for due, action in sorted(self.later, key=lambda d: d[0]):  # the pending cancels and node returns
+            time.sleep(max(0.0, due - time.time()))
+            action()
+        say("settling: no more submissions or faults")
+        self.settle(timeout_s=600)
+        violations = self.check(final=True)
+        self.stop()
+        from scheduler_service.stack.groups import groups_of
+
+        left = [g for g in groups_of(self.home)]
+        for group in left:
+            self.problems["left_after_stop"] += 1
+            self.seen.append(f"left after stop: {group.what} {group.members()}")
+        return {"runs": len(self.runs), "submitted": dict(self.submitted), "faults": dict(self.faults),
+                "violations": violations + len(left) + self.problems["up_exited"], "problems": dict(self.problems),
+                "excused_misses": self.excused_misses(), "minutes": minutes, "ray": self.ray}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ray", action="store_true", help="ranks on a 2 x 2 loopback Ray cluster")
+    parser.add_argument("--keep", action="store_true", help="keep the home (store, logs) and print where")
+    args = parser.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="elasticflow-chaos-"))
+    with socket.socket() as probe:  # Prefect reads its settings at import: they are set before it is imported
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update({"ELASTICFLOW_HOME": str(base / "home"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+                       "PREFECT_HOME": str(base / "home" / "prefect"), "PREFECT_SERVER_EPHEMERAL_ENABLED": "false"})
+    chaos = Chaos(base, port, args.seed, args.ray)
+    say(f"chaos for {args.minutes:g} min, seed {args.seed}{', on Ray' if args.ray else ''}; home {chaos.home}")
+    try:
+        figures = {**chaos.run(args.minutes), "seed": args.seed}
+    finally:
+        chaos.stop()
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    for line in chaos.seen:
+        print("  " + line)
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -266,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="longest wait for every decision, s")
     parser.add_argument("--keep", action="store_true", help="keep each stack's home (logs, store) and print where")
     parser.add_argument("--hog", action="store_true", help="one busy-looping process beside the stack throughout")
+    parser.add_argument("--publish-concurrency", type=int, default=None,
+                        help="the worker's ELASTICFLOW_PUBLISH_CONCURRENCY (default: the worker's own)")
     args = parser.parse_args(argv)
+    if args.publish_concurrency is not None:
+        SETTINGS["ELASTICFLOW_PUBLISH_CONCURRENCY"] = str(args.publish_concurrency)
     hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"]) if args.hog else None
     try:
         return _measure(args)
@@ -281,7 +285,7 @@ def _measure(args: argparse.Namespace) -> int:
 
     print("load before:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     chosen = ["postgresql", "sqlite"] if args.database == "both" else [args.database]
-    figures: dict[str, Any] = {"hog": args.hog}
+    figures: dict[str, Any] = {"hog": args.hog, "publish_concurrency": args.publish_concurrency}
     for database in chosen:
         with tempfile.TemporaryDirectory(prefix=f"burst-{database}-") as scratch:
             tmp = tempfile.mkdtemp(prefix=f"burst-{database}-") if args.keep else scratch  # 3.11: no delete=False

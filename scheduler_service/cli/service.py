@@ -187,3 +187,37 @@ def demo(
     console.print(f"state, logs and checkpoints: {chosen}")
     if not ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def audit(
+    home: Optional[Path] = typer.Option(None, "--home", help="state folder (default: $ELASTICFLOW_HOME or ~/.elasticflow)"),
+    settle_s: float = typer.Option(30.0, "--settle", help="seconds a run's last change is given to reach the store"),
+) -> None:
+    """Whether the service's store (what `status` shows), Prefect and the
+    processes tell the same story about every run of the `gpus` pool: one
+    line per disagreement, lost run, GPU held twice or by an ended run, and
+    process outliving its run. Exits 1 if there is any (reads Prefect's API)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from scheduler_service.stack.audit import audit as check
+    from scheduler_service.stack.audit import decision_counts, read_flow_runs
+
+    chosen = _home(home)
+
+    async def read() -> list:
+        async with get_client() as client:
+            return await read_flow_runs(client)
+
+    try:
+        found = check(chosen, asyncio.run(read()), decision_counts(chosen), settle_s=settle_s)
+    except Exception as exc:  # no server, no store: say which, no traceback
+        errors.print(f"error: cannot audit: {type(exc).__name__}: {exc}")
+        raise typer.Exit(2) from None
+    for line in found.lines():
+        console.print(line, markup=False, highlight=False)
+    console.print(f"{found.runs} runs, {len(found.violations)} problems")
+    if found.violations:
+        raise typer.Exit(1)

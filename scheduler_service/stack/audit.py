@@ -148,10 +148,20 @@ def _survivors(home: Path, views: dict[str, RunView], prefect: dict[str, Prefect
 
 
 async def read_flow_runs(client: Any, ids: list[str] | None = None, pool: str = "gpus") -> list[PrefectRun]:
-    """The flow runs of the work pool (or those of `ids`), as the audit needs them."""
+    """The training runs of the work pool (or the runs `ids`), as the audit
+    needs them; a pipeline's own flow runs use no GPUs and are not the store's."""
     from uuid import UUID
 
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, WorkPoolFilter, WorkPoolFilterName
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
+        WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+
+    from scheduler_service.worker.takein import TRAIN_FLOW
 
     runs: list[Any] = []
     if ids is not None:
@@ -162,6 +172,7 @@ async def read_flow_runs(client: Any, ids: list[str] | None = None, pool: str = 
         offset = 0
         while True:
             page = await client.read_flow_runs(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[pool])),
+                                               flow_filter=FlowFilter(name=FlowFilterName(any_=[TRAIN_FLOW])),
                                                limit=200, offset=offset)
             runs += page
             offset += len(page)

@@ -176,7 +176,7 @@ class Chaos:
         if not done:
             return
         self.faults[kind] += 1
-        for run_id in live if kind not in ("kill_rank", "corrupt_checkpoint") else [done]:
+        for run_id in [done] if isinstance(done, str) else live:
             self.hit.setdefault(str(run_id), set()).add(kind)
         say(f"fault {kind}" + (f" ({done})" if isinstance(done, str) else ""))
 
@@ -188,8 +188,16 @@ class Chaos:
         group = self._group("server")
         return bool(group and group.signal(signal.SIGKILL))
 
-    def _kill_rank(self) -> str | None:
-        """SIGKILL one rank (a process of the run's group other than its flow process)."""
+    def _kill_rank(self) -> str | bool | None:
+        """SIGKILL one rank: a process of a run's group other than its flow
+        process; on Ray, one of the stack's rank actors (whose run is not known
+        here: every live run counts as hit)."""
+        if self.ray:
+            actors = [pid for pid, cmdline, environ in self._processes() if cmdline[0].startswith("ray::RankActor")
+                      and f"ELASTICFLOW_HOME={self.home}".encode() in environ]
+            if actors:
+                os.kill(self.rng.choice(actors), signal.SIGKILL)
+            return bool(actors)
         for run_id in self.rng.sample(self._training(), k=len(self._training())):
             group = self._group(f"flow run {run_id}")
             ranks = [p for p in (group.members() if group else []) if p != group.pgid]
@@ -213,16 +221,26 @@ class Chaos:
                 return run_id
         return None
 
-    def _kill_raylet(self) -> bool:
+    @staticmethod
+    def _processes() -> list[tuple[int, list[str], list[bytes]]]:
+        """(pid, argv, environment entries) of every process this user can read."""
+        found = []
         for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
             try:
                 cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                environ = (proc / "environ").read_bytes()
+                environ = (proc / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
+            found.append((int(proc.name), cmdline, environ))
+        return found
+
+    def _kill_raylet(self) -> bool:
+        for pid, cmdline, environ in self._processes():
             if cmdline[0].endswith("/raylet") and "--node-name=ray-node-0" not in cmdline \
-                    and f"ELASTICFLOW_HOME={self.home}".encode() in environ.split(b"\0"):
-                os.kill(int(proc.name), signal.SIGKILL)
+                    and f"ELASTICFLOW_HOME={self.home}".encode() in environ:
+                os.kill(pid, signal.SIGKILL)
                 cluster = self._group("local Ray cluster")
                 self.later.append((time.time() + 20, lambda: cluster and cluster.signal(signal.SIGHUP)))
                 return True

@@ -205,7 +205,12 @@ def audit(
     from scheduler_service.stack.audit import audit as check
     from scheduler_service.stack.audit import decision_counts, read_flow_runs
 
+    from prefect.settings import PREFECT_API_URL
+
     chosen = _home(home)
+    if not PREFECT_API_URL.value():  # never a temporary server of Prefect's own, with no runs in it
+        errors.print("error: set PREFECT_API_URL to the stack's API (`up` prints it), e.g. http://127.0.0.1:4200/api")
+        raise typer.Exit(2)
 
     async def read() -> list:
         async with get_client() as client:

@@ -221,6 +221,10 @@ class ControlLoop:
     def step(self, now: float) -> list[Action]:
         """Plan if due, move runs toward their placement, say whose outlook flipped."""
         actions = self._plan(now) if self._due(now) else []
+        if any(run.adopted and run.phase == RunPhase.RUNNING for run in self.arrivals):
+            # An adopted run the plan no longer guarantees still trains on its GPUs: planned again at once,
+            # best-effort, before anything moves onto them (it gives them up by its own acknowledgement).
+            actions += self._plan(now)
         actions += actuate(list(self.runs.values()), self._reserved_gpus(), self.policy.clock.overhead, now)
         actions += self._risk_changes(now)
         return actions

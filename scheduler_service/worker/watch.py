@@ -81,7 +81,9 @@ class PrefectWatch:
                 flow_run = None
             except Exception:
                 continue
-            if flow_run is None or flow_run.state is None or not flow_run.state.is_scheduled():
+            # Ended (cancelled in the UI) or deleted. A run Pending or Running is not gone: a launch this
+            # worker (or the one before it, killed just after) made and has not seen start yet.
+            if flow_run is None or flow_run.state is None or flow_run.state.is_final():
                 log.info("flow run %s left the queue before it got GPUs; forgetting it", run_id)
                 gone.append(run_id)
         return gone

@@ -102,6 +102,8 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
         phase = RunPhase(row.status)
         if found.running and not found.cancelling and not alive(flow_run.infrastructure_pid, row.flow_run_id):
             found, phase = await _resume(client, store, row), RunPhase.ADMITTED
+        elif found.scheduled and phase == RunPhase.RUNNING:
+            phase = _never_started(store, row)
         if not found.running and not (found.scheduled and phase == RunPhase.ADMITTED):
             store.upsert_job(row.flow_run_id, RunPhase.ARRIVED)
             continue  # not decided yet: taken in again by the next poll
@@ -162,6 +164,19 @@ def settled(row: RunRecord, flow_run: Any | None, found: Found, control_root: st
 
 def _released(store: ServiceStore, run_id: str, at: datetime) -> None:
     store.add(AllocationRecord(flow_run_id=run_id, action=AllocationAction.RELEASE.value, gpus="", at=at))
+
+
+def _never_started(store: ServiceStore, row: RunRecord) -> RunPhase:
+    """Launched in the store, still Scheduled in Prefect: the worker died
+    between recording the launch and Prefect's Pending, so no process ever
+    started (Prefect starts one only after Pending). The run keeps its
+    decision (deciding it again would record a second one, with a guarantee
+    the first did not promise) and waits for GPUs; the ones the launch took
+    are released."""
+    log.info("flow run %s was launched but never started; it waits for GPUs again", row.flow_run_id)
+    _released(store, row.flow_run_id, datetime.now(timezone.utc))
+    store.upsert_job(row.flow_run_id, RunPhase.ADMITTED, gpus="")
+    return RunPhase.ADMITTED
 
 
 async def _resume(client: Any, store: ServiceStore, row: RunRecord) -> Found:

@@ -101,3 +101,29 @@ def test_runs_that_ended_half_told_are_settled_with_their_real_outcome(tmp_path:
                         cancelling: ("finished", "cancelled")}
     assert client.set == {cancelling: "Cancelled"}  # Prefect hears the end it missed, nothing else is touched
     assert [a.action for a in store.allocations(done)] == ["release"]  # type: ignore[attr-defined]
+
+
+def test_a_run_launched_but_never_started_keeps_its_one_decision(tmp_path: Path) -> None:
+    """The worker was killed after it recorded a launch and before Prefect
+    heard Pending (chaos found it): the run is still Scheduled, no process
+    started. It is adopted as admitted, holding nothing, rather than taken
+    in again and decided a second time."""
+    import asyncio
+    import uuid
+
+    from prefect.states import Scheduled
+
+    from scheduler_service.worker.recovery import recover
+
+    row = _row()
+    row.flow_run_id, row.gpus = str(uuid.uuid4()), "0,1"
+    row.deadline = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    row.submitted_at = datetime(2026, 12, 1, 11, 59, tzinfo=timezone.utc)
+    store = _store_with([row])
+    client = _Client({row.flow_run_id: Scheduled()})
+    adopted = asyncio.run(recover(client, store, str(tmp_path), 2, NOW, alive=lambda pid, run_id: False))
+    assert [(run.run_id, event.running, event.held) for run, event in adopted] == [(row.flow_run_id, False, ())]
+    (stored,) = store.jobs()  # type: ignore[attr-defined]
+    assert (stored.status, stored.gpus) == ("admitted", "")
+    assert [a.action for a in store.allocations(row.flow_run_id)] == ["release"]  # type: ignore[attr-defined]
+    assert client.set == {}

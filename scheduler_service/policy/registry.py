@@ -33,6 +33,11 @@ def _discover() -> dict[str, type[SchedulingPolicy]]:
 
 POLICIES: dict[str, type[SchedulingPolicy]] = _discover()
 
+# The one default: the service plans with it, and `elasticflow simulate`,
+# `reproduce` and the benches show it first. The paper's policy stays
+# available by name (`elasticflow`) for the reproduction.
+DEFAULT_POLICY: str = ElasticFlowOverload.name
+
 
 def make_policy(name: str, topology: Topology, interval: float = 60.0, **options: object) -> SchedulingPolicy:
     """Build a policy; `options` are policy-specific (see simulator/options.py)."""

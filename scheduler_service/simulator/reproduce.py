@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from pydantic import BaseModel, Field
 
-from scheduler_service.policy.registry import POLICIES
+from scheduler_service.policy.registry import DEFAULT_POLICY, POLICIES
 from scheduler_service.simulator.bound import BoundResult, deadline_ratio_bound
 from scheduler_service.simulator.experiment import data_dir
 from scheduler_service.simulator.inputs import load_cluster, load_throughputs, load_trace
@@ -33,8 +33,8 @@ ITP_AUTHORS_128 = {4: .194, 6: .568, 7: .381, 10: .973}
 
 
 def our_policies() -> list[str]:
-    """ElasticFlow and, once registered, its overload variant: the policies this project proposes."""
-    return [p for p in ("elasticflow", "elasticflow-overload") if p in POLICIES]
+    """The paper's ElasticFlow and the service's default: the policies this project proposes."""
+    return list(dict.fromkeys(p for p in ("elasticflow", DEFAULT_POLICY) if p in POLICIES))
 
 
 def actuations(policy: str) -> tuple[Actuation, ...]:

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scheduler_service.loop import LoopSettings
 from scheduler_service.markdown import markdown_table
 from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.policy.registry import DEFAULT_POLICY
 
 PREFIX = "ELASTICFLOW_"
 
@@ -42,9 +43,9 @@ class WorkerSettings(BaseSettings):
         None, "the service's store (any SQLAlchemy URL, e.g. `postgresql+psycopg://...`)",
         "SQLite under `ELASTICFLOW_HOME`")
     policy: str = _setting(
-        "elasticflow-overload", "scheduling policy, by its registered name: `elasticflow` is the paper's; the "
+        DEFAULT_POLICY, "scheduling policy, by its registered name: `elasticflow` is the paper's; the "
         "default also prices how committed a run's window is, and stays within 0.01 of it when the cluster is "
-        "not overloaded (docs/scheduling.md)", "`elasticflow-overload`")
+        "not overloaded (docs/scheduling.md)", f"`{DEFAULT_POLICY}`")
     interval_s: float = _setting(5.0, "slot length: the policy re-plans once per slot, and when runs arrive", "5",
                                  gt=0)
     poll_s: float = _setting(1.0, "how often the worker looks for new runs and acts on plans (at most a slot)", "1",

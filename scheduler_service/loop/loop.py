@@ -54,6 +54,7 @@ from scheduler_service.loop.run import LoopRun, RunView
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, Topology, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.policy.registry import DEFAULT_POLICY
 
 # Hysteresis: at risk when the projection comes within the margin of the
 # deadline, recovered only once it is back beyond RECOVER_FACTOR margins.
@@ -65,7 +66,7 @@ class LoopSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    policy: str = "elasticflow-overload"
+    policy: str = DEFAULT_POLICY
     interval_s: float = 60.0
     overhead: RestartOverhead = RestartOverhead()  # a run's own restart: stop, start on the new set
     poll_s: float = 1.0  # the driver's poll: a GPU one run gives up is handed on at the next one
@@ -182,8 +183,11 @@ class ControlLoop:
 
     def _ended(self, run_id: str) -> list[Action]:
         """Its process exited, or it left before it was launched."""
+        waiting = next((run for run in self.arrivals if run.run_id == run_id), None)
         self.arrivals = [run for run in self.arrivals if run.run_id != run_id]
         run = self.runs.pop(run_id, None)
+        if run is None and waiting is not None and waiting.adopted:
+            run = waiting  # decided by an earlier life, ended before it was planned again: released all the same
         if run is None:
             return []  # never decided: nothing to give back
         launched = run.phase == RunPhase.RUNNING

@@ -285,3 +285,18 @@ def test_an_adopted_run_that_loses_its_guarantee_keeps_its_gpus_until_it_gives_t
         now += 2
     held_by_a = {g for g, holder in d.loop.gpu_map().items() if holder == "a"}
     assert held_by_a.isdisjoint(d.new(actions, Launch)["b"].gpus)
+
+
+def test_an_adopted_run_that_ends_before_it_is_planned_again_is_released() -> None:
+    """Found by bench/chaos.py --ray: the worker was killed, the run it had
+    launched finished while no worker watched, and the next worker heard of
+    the end before its first plan; the loop dropped the run as 'never
+    decided', so the store kept it running on its GPU forever."""
+    from scheduler_service.loop.actions import Release
+
+    d = Driver()
+    d.handle(Adopted("a", job("a", T0 - 100, 4000, T0 + 600), share=1, running=True, held=(0,),
+                     commanded=(0,), last_seq=1), T0)
+    actions = d.handle(Ended("a"), T0 + 1)
+    assert [(a.run_id, a.launched) for a in actions if isinstance(a, Release)] == [("a", True)]
+    assert d.loop.gpu_map() == {} and d.loop.view("a", T0 + 1) is None

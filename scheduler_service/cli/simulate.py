@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from scheduler_service.cli import app
-from scheduler_service.policy.registry import POLICIES
+from scheduler_service.policy.registry import DEFAULT_POLICY, POLICIES
 from scheduler_service.simulator.experiment import Experiment, resolve
 from scheduler_service.simulator.inputs import InputError
 from scheduler_service.simulator.outcomes import (
@@ -28,6 +28,7 @@ from scheduler_service.simulator.service import ServiceOptions
 class Actuation(str, Enum):
     SERVICE = "service"
     IDEAL = "ideal"
+    AUTHORS = "authors"
 
 console = Console(width=None if Console().is_terminal else 110)
 errors = Console(stderr=True)
@@ -76,7 +77,9 @@ def simulate(
     trace: str = typer.Option(..., help="Trace CSV (or a name in data/traces, e.g. philly_103959)."),
     cluster: str = typer.Option(..., help="Cluster-spec CSV (or a name in data/clusters, e.g. n32g8)."),
     throughputs: str = typer.Option(..., help="Folder of MODEL.csv throughput curves (or A100 / T4)."),
-    policy: list[str] = typer.Option(["elasticflow"], help=f"Policy to run; repeat for several. Known: {', '.join(POLICIES)}."),
+    policy: list[str] = typer.Option(
+        [DEFAULT_POLICY], help=f"Policy to run; repeat for several (default: the service's, {DEFAULT_POLICY}). "
+                               f"Known: {', '.join(POLICIES)}."),
     interval: float = typer.Option(60.0, help="Scheduling interval in seconds (the paper: 60; 240 for the 1000-job sweep)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {'results': [...]} here."),
     plot: Optional[Path] = typer.Option(None, help="Write a PNG of GPUs in use over time and deadline ratios."),
@@ -84,7 +87,8 @@ def simulate(
         None, "--jobs-csv", help="Write one row per job and policy: decision, reason, MSS, start, finish, met."),
     actuation: list[Actuation] = typer.Option(
         ["service"], help="service: the service's own control loop, with a simulated backend (what the service "
-                          "would do); ideal: the bare policy with an idealised restart. Repeat for both."),
+                          "would do); ideal: the bare policy with an idealised restart; authors: the bare "
+                          "policy with restarts free, counted as the authors' simulator counts. Repeatable."),
     safety_margin: Optional[float] = typer.Option(
         None, min=0, max=0.49, help="service: room kept in front of each deadline, a fraction of its window "
                                      "(default: the service's own, ELASTICFLOW_SAFETY_MARGIN)"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from scheduler_service.policy import Job, Topology
-from scheduler_service.policy.overhead import PAPER_OVERHEAD
+from scheduler_service.policy.overhead import NO_OVERHEAD, PAPER_OVERHEAD
 from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
 from scheduler_service.simulator.inputs import InputError, load_cluster, load_throughputs, load_trace
@@ -42,8 +42,9 @@ def simulate_policy(jobs: Sequence[Job], topology: Topology, name: str, interval
     """One policy over the jobs, through the service's loop or bare; and
     what the policy wants readers to know (a fallback it used)."""
     options = policy_options(name, throughputs)
-    if actuation == "ideal":
-        policy = make_policy(name, topology, interval, overhead=PAPER_OVERHEAD, **options)
+    if actuation in ("ideal", "authors"):
+        overhead = PAPER_OVERHEAD if actuation == "ideal" else NO_OVERHEAD
+        policy = make_policy(name, topology, interval, overhead=overhead, **options)
         return simulate(jobs, policy, on_progress), getattr(policy, "note", None) or None
     service = service or ServiceOptions()
     settings = service.loop(name, interval)

@@ -18,8 +18,12 @@ def bound(
     trace: str = typer.Option(..., help="Trace CSV (or a name in data/traces)."),
     cluster: str = typer.Option(..., help="Cluster-spec CSV (or a name in data/clusters)."),
     throughputs: str = typer.Option(..., help="Folder of throughput curves (or A100 / T4)."),
+    integral: bool = typer.Option(False, help="Each job met or not (a MILP): tighter where the LP counts fractions "
+                                              "of large jobs; small traces only."),
+    time_limit: float = typer.Option(300.0, min=1, help="--integral: seconds to search; the bound proven by then "
+                                                        "is reported (still a bound)."),
 ) -> None:
-    """Upper bound on the deadline ratio ANY scheduler can reach on this trace (LP relaxation)."""
+    """Upper bound on the deadline ratio ANY scheduler can reach on this trace (LP relaxation, or --integral)."""
     from scheduler_service.simulator.bound import deadline_ratio_bound
 
     try:
@@ -29,12 +33,14 @@ def bound(
     except InputError as exc:
         errors.print(f"error: {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    result = deadline_ratio_bound(jobs, topology)
+    result = deadline_ratio_bound(jobs, topology, integral=integral, time_limit_s=time_limit if integral else None)
+    kind = "MILP" if integral else "LP"
+    stopped = "" if result.exact else f", stopped at {time_limit:g} s: the bound proven by then"
     console.print(
         f"{Path(trace).stem} on {topology.describe()}: no scheduler can meet more than "
         f"[bold]{result.bound:.3f}[/bold] of the {result.deadline_jobs} deadlines "
-        f"({result.infeasible_alone} cannot be met even alone). LP: {result.variables} variables, "
-        f"{result.solve_s:.2f} s."
+        f"({result.infeasible_alone} cannot be met even alone). {kind}: {result.variables} variables, "
+        f"{result.solve_s:.2f} s{stopped}."
     )
 
 

@@ -8,6 +8,13 @@ GPUs used by all jobs in any period never exceed the cluster. Any real
 schedule is a feasible point with integral x, so max sum(x) / deadline jobs
 bounds every policy. Windows are widened to a coarse time grid (which only
 loosens the bound) to keep the LP under a few hundred thousand variables.
+
+With `integral=True` each x_j is 0 or 1 (a MILP): a job meets its deadline
+or not, as in any real schedule, so the bound is still a bound and is
+tighter where large jobs against a small cluster let the LP count fractions
+of them (docs/evaluation.md, "The 16-GPU case"). Only small instances solve
+in reasonable time; `time_limit_s` stops the search and the best bound
+HiGHS proved so far is reported (still a bound), with `exact` False.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ class BoundResult(BaseModel):
     grid_s: float
     variables: int
     solve_s: float
+    integral: bool = False
+    exact: bool = True  # False: a MILP stopped at its time limit; `bound` is its proven bound, not its optimum
+    chosen: list[str] = []  # integral: the jobs the best schedule found meets (what hindsight would pick)
 
 
 def least_gpu_time(job: Job, max_gpus: int) -> float | None:
@@ -57,7 +67,8 @@ def least_gpu_time(job: Job, max_gpus: int) -> float | None:
     return best
 
 
-def deadline_ratio_bound(jobs: Sequence[Job], topology: Topology, grid_s: float | None = None) -> BoundResult:
+def deadline_ratio_bound(jobs: Sequence[Job], topology: Topology, grid_s: float | None = None, *,
+                         integral: bool = False, time_limit_s: float | None = None) -> BoundResult:
     import time
 
     import highspy
@@ -118,14 +129,23 @@ def deadline_ratio_bound(jobs: Sequence[Job], topology: Topology, grid_s: float 
     lp.a_matrix_.start_ = starts
     lp.a_matrix_.index_ = rows
     lp.a_matrix_.value_ = vals
-    solver = quiet_highs()
+    if integral:
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * n + [highspy.HighsVarType.kContinuous] * m
+    solver = quiet_highs(time_limit_s)
     solver.passModel(lp)
     solver.run()
-    if solver.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise RuntimeError(f"the bound LP did not solve: {solver.modelStatusToString(solver.getModelStatus())}")
-    met = float(solver.getInfo().objective_function_value)
+    status = solver.getModelStatus()
+    stopped = integral and status == highspy.HighsModelStatus.kTimeLimit
+    if status != highspy.HighsModelStatus.kOptimal and not stopped:
+        raise RuntimeError(f"the bound LP did not solve: {solver.modelStatusToString(status)}")
+    info = solver.getInfo()
+    # A MILP stopped early: its dual bound, not its incumbent, bounds every schedule.
+    met = float(info.mip_dual_bound if stopped else info.objective_function_value)
+    values = solver.getSolution().col_value if integral else []
+    chosen = [job.job_id for (job, _), x in zip(usable, values[:n]) if x > 0.5]
     return BoundResult(
         deadline_jobs=len(deadline_jobs), infeasible_alone=infeasible,
         bound=min(1.0, met / len(deadline_jobs)) if deadline_jobs else 1.0,
-        grid_s=grid, variables=n + m, solve_s=time.perf_counter() - started,
+        grid_s=grid, variables=n + m, solve_s=time.perf_counter() - started, integral=integral, exact=not stopped,
+        chosen=chosen,
     )

@@ -64,3 +64,33 @@ def test_bound_is_never_below_elasticflow_on_random_traces(seed):
         jobs.append(Job(str(i), t, duration * 1.8, t + rng.uniform(0.3, 1.5) * duration, curve, requested_gpus=2))
     ratio = summarize(simulate(jobs, make_policy("elasticflow", TOPO))).deadline_ratio
     assert ratio <= deadline_ratio_bound(jobs, TOPO).bound + 1e-9
+
+
+def test_the_integral_bound_does_not_count_fractions_of_jobs():
+    # Three jobs, each needing 6 of the 8 GPUs over the same hour: the LP meets
+    # 8/6 of a job's worth of them (ratio 4/9); only one can really be met.
+    jobs = [Job(str(i), 0, 6 * 3600, 3600, LINEAR) for i in range(3)]
+    assert deadline_ratio_bound(jobs, TOPO).bound == pytest.approx(4 / 9)
+    exact = deadline_ratio_bound(jobs, TOPO, integral=True, time_limit_s=30)
+    assert exact.exact and exact.bound == pytest.approx(1 / 3) and len(exact.chosen) == 1
+
+
+def test_the_best_schedule_is_achievable_and_within_both_bounds():
+    """bench-free check of the diagnosis tool (simulator/exact.py): on a small
+    random trace its best schedule meets every job it names, in whole slots
+    of at most 8 GPUs, and lies under the integral bound, which lies under the LP."""
+    from scheduler_service.simulator.exact import best_schedule
+
+    rng = random.Random(3)
+    curve = ThroughputCurve({1: 1.0, 2: 1.8, 4: 3.0, 8: 4.5})
+    jobs, t = [], 0.0
+    for i in range(12):
+        t += rng.expovariate(1 / 600)
+        duration = rng.uniform(600, 5000)
+        jobs.append(Job(str(i), t, duration * 1.8, t + rng.uniform(0.5, 1.5) * duration, curve))
+    lp = deadline_ratio_bound(jobs, TOPO).bound
+    milp = deadline_ratio_bound(jobs, TOPO, integral=True, time_limit_s=30).bound
+    best = best_schedule(jobs, TOPO, slot_s=300.0, time_limit_s=60)
+    assert best.optimal and best.best == pytest.approx(best.proven)
+    assert 0 < best.best <= milp + 1e-9 <= lp + 2e-9
+    assert len(best.met) == round(best.best * len(jobs))

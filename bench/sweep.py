@@ -10,8 +10,14 @@ elasticflow and elasticflow-overload, each through the service's own
 control loop (`service`) and bare (`ideal`), and edf bare. Figures are
 printed and written to docs/evaluation/sweep.{json,png}; both cores are used.
 
+Workloads other than the paper's statistics (`--scenario`, each written to
+its own sweep-SCENARIO.{json,png}): sweeps submitted together (bursty),
+more 8- and 16-GPU jobs, language models only, very tight or loose
+deadlines; clusters from 16 GPUs (n2g8) to 256 (n32g8) with `--sizes`.
+
 Run: .venv/bin/python bench/sweep.py            (a few minutes on 2 cores)
      .venv/bin/python bench/sweep.py --policy elasticflow --policy elasticflow-noadmit --out /tmp/ablation
+     .venv/bin/python bench/sweep.py --scenario bursty --sizes n2g8,n8g8,n32g8 --seeds 3
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scheduler_service.simulator.experiment import data_dir  # noqa: E402
 
-SIZES = ("n4g8", "n8g8", "n16g8")
+SIZES = ["n4g8", "n8g8", "n16g8"]  # --sizes replaces it, in the main process before the workers fork
 LOADS = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0)  # offered GPU-time at the requested counts / the cluster's
 SEEDS = tuple(range(1, 11))  # the heavy duration tail makes one seed's ratio noisy
 JOBS = 500
@@ -45,6 +51,22 @@ LIGHT = ("dev101", "dev104")
 
 
 CHOSEN: list[str] = []  # --policy, in the main process only (workers get a policy per task)
+# Workloads: TraceSpec fields over the paper's statistics (tracegen.py).
+SCENARIOS: dict[str, dict] = {
+    "paper": {},
+    "bursty": {"sweep": 8},  # 1..8 jobs of one model submitted together
+    "large-jobs": {"gpu_mix": ((1, 0.5), (2, 0.1), (4, 0.1), (8, 0.2), (16, 0.1))},
+    "language-models": {"models": ("bert", "gpt2")},
+    "tight": {"deadline_factor": (0.3, 0.9)},
+    "loose": {"deadline_factor": (1.5, 3.0)},
+}
+SCENARIO = ["paper"]  # --scenario, set like SIZES
+
+
+def workload(**fields: object) -> object:
+    from scheduler_service.simulator.tracegen import TraceSpec
+
+    return TraceSpec(**{"models": tuple(MODELS.split(",")), **SCENARIOS[SCENARIO[0]], **fields})
 
 
 def policies() -> list[str]:
@@ -70,10 +92,10 @@ def _gpus(cluster: str) -> int:
 @lru_cache(maxsize=None)
 def _mean_gap(load: float, cluster: str) -> float:
     from scheduler_service.simulator.inputs import load_throughputs
-    from scheduler_service.simulator.tracegen import TraceSpec, mean_gap_for
+    from scheduler_service.simulator.tracegen import mean_gap_for
 
     curves = load_throughputs(data_dir() / "throughputs" / "A100")
-    return mean_gap_for(load, _gpus(cluster), TraceSpec(models=tuple(MODELS.split(","))), curves)
+    return mean_gap_for(load, _gpus(cluster), workload(), curves)  # type: ignore[arg-type]
 
 
 def _trace_file(task: dict, folder: Path) -> Path:
@@ -81,15 +103,14 @@ def _trace_file(task: dict, folder: Path) -> Path:
     if task["kind"] == "reference":
         return data_dir() / "reference" / "traces" / f"{task['trace']}.csv"
     from scheduler_service.simulator.inputs import load_throughputs
-    from scheduler_service.simulator.tracegen import TraceSpec, generate, trace_csv
+    from scheduler_service.simulator.tracegen import generate, trace_csv
 
     curves = load_throughputs(data_dir() / "throughputs" / "A100")
     # The same seed at every load: the same jobs, arriving closer together, so a
     # seed's curve over load is not blurred by drawing new jobs at each point.
-    spec = TraceSpec(jobs=JOBS, mean_gap_s=_mean_gap(task["load"], task["cluster"]),
-                     models=tuple(MODELS.split(",")), seed=task["seed"])
+    spec = workload(jobs=JOBS, mean_gap_s=_mean_gap(task["load"], task["cluster"]), seed=task["seed"])
     path = folder / f"{task['trace']}.csv"
-    path.write_text(trace_csv(generate(spec, curves)))
+    path.write_text(trace_csv(generate(spec, curves)))  # type: ignore[arg-type]
     return path
 
 
@@ -148,7 +169,7 @@ def tasks(seeds: tuple[int, ...]) -> list[dict]:
     for cluster in SIZES:
         for load in LOADS:
             for seed in seeds:
-                trace = f"gen-{cluster}-load{load:g}-seed{seed}"
+                trace = f"gen-{cluster}-load{load:g}-seed{seed}" + ("" if SCENARIO[0] == "paper" else f"-{SCENARIO[0]}")
                 out += [{"kind": "generated", "trace": trace, "cluster": cluster, "load": load, "seed": seed,
                          **line} for line in lines]
     return out
@@ -189,7 +210,8 @@ def plot(summary: list[dict], results: list[dict], path: Path, seeds: int) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(SIZES), figsize=(5 * len(SIZES), 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(SIZES), figsize=(5 * len(SIZES), 4.2), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, cluster in zip(axes, SIZES):
         for i, policy in enumerate(names() + ["bound"]):
             rows = [r for r in summary if r["cluster"] == cluster and r["policy"] == policy]
@@ -211,7 +233,7 @@ def plot(summary: list[dict], results: list[dict], path: Path, seeds: int) -> No
             for k, r in enumerate(r for r in refs if r["series"] == policy):
                 ax.plot(r["load_measured"], r["ratio"], "*", color=f"C{i}", markersize=10,
                         label=f"{policy} (reference traces)" if k == 0 else None)
-        ax.set_title(f"{cluster} ({_gpus(cluster)} GPUs), {JOBS} jobs, {seeds} seeds")
+        ax.set_title(f"{cluster} ({_gpus(cluster)} GPUs), {JOBS} jobs, {seeds} seeds, {SCENARIO[0]} workload")
         ax.set_xlabel("offered load (GPU-time asked at requested counts / cluster)")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
@@ -253,6 +275,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("docs/evaluation"))
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="how many of the seeds to run")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="paper",
+                        help="the workload of the generated traces (default: the paper's statistics)")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="clusters of data/clusters, comma-separated")
     parser.add_argument("--policy", action="append", default=[],
                         help="a policy to sweep instead of the defaults (repeat), e.g. an ablation; "
                              "elasticflow must be one of them: the reference lines compare with it")
@@ -263,6 +288,11 @@ def main() -> None:
     if unknown or (args.policy and "elasticflow" not in args.policy):
         parser.error(f"unknown policy {unknown[0]!r}" if unknown else "--policy elasticflow must be one of them")
     CHOSEN[:] = args.policy
+    SCENARIO[0] = args.scenario
+    SIZES[:] = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    missing = [s for s in SIZES if not (data_dir() / "clusters" / f"{s}.csv").exists()]
+    if missing:
+        parser.error(f"--sizes: no cluster file data/clusters/{missing[0]}.csv")
     started = time.perf_counter()
     todo = tasks(SEEDS[:args.seeds])
     # Bounds and the overloaded cases take longest: start them first so both workers end together.
@@ -309,11 +339,12 @@ def main() -> None:
     print(f"\nwall time {wall:.0f} s on {args.workers} workers; the runs took {cpu:.0f} CPU-seconds "
           f"({cpu / args.workers:.0f} s of wall time on {args.workers} otherwise idle cores)")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sweep.json").write_text(json.dumps(
-        {"policies": lines, "jobs": JOBS, "seeds": list(SEEDS[:args.seeds]), "interval_s": INTERVAL,
+    stem = "sweep" if args.scenario == "paper" else f"sweep-{args.scenario}"
+    (args.out / f"{stem}.json").write_text(json.dumps(
+        {"policies": lines, "scenario": args.scenario, "sizes": SIZES, "jobs": JOBS, "seeds": list(SEEDS[:args.seeds]), "interval_s": INTERVAL,
          "generated": summary, "reference": reference_rows, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}, indent=1) + "\n")
-    plot(summary, results, args.out / "sweep.png", args.seeds)
-    print(f"wrote {args.out / 'sweep.json'}, {args.out / 'sweep.png'}")
+    plot(summary, results, args.out / f"{stem}.png", args.seeds)
+    print(f"wrote {args.out / (stem + '.json')}, {args.out / (stem + '.png')}")
 
 
 if __name__ == "__main__":

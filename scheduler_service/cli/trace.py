@@ -34,11 +34,13 @@ def trace(
     throughputs: str = typer.Option("A100", help="Folder of MODEL.csv curves to draw models and batch sizes from."),
     models: str = typer.Option("", help="Comma-separated models to draw from (default: every model in the folder)."),
     seed: str = typer.Option("0", help="Random seed: the same options and seed give the same trace."),
+    sweep: str = typer.Option("1", help="Each arrival a sweep of 1..SWEEP jobs submitted together (one model, "
+                                        "batch and count; durations and deadlines their own). 1: single jobs."),
     gpus: str = typer.Option("", help="Optional cluster size in GPUs, to print the offered load on it."),
 ) -> None:
     """Write a job trace (the paper's CSV columns) drawn with the paper's statistics."""
     try:
-        spec = parse_spec(jobs, mean_gap, gpu_mix, duration_mix, deadline_factor, best_effort, models, seed)
+        spec = parse_spec(jobs, mean_gap, gpu_mix, duration_mix, deadline_factor, best_effort, models, seed, sweep)
         try:
             curves = load_throughputs(resolve(throughputs, "throughputs"))
         except InputError as exc:

@@ -48,6 +48,14 @@ class TraceSpec:
     best_effort: float = 0.0  # share of jobs without a deadline
     models: tuple[str, ...] = field(default=())  # empty: every model of the throughput folder
     seed: int = 0
+    # Each arrival is a sweep of 1..sweep jobs submitted together (a
+    # hyperparameter search): one model, batch size and requested count,
+    # each job its own duration and deadline. 1: single jobs, as the paper.
+    sweep: int = 1
+
+    @property
+    def mean_sweep(self) -> float:
+        return (self.sweep + 1) / 2
 
 
 def _floats(option: str, text: str, parts: int, sep: str = ",") -> list[float]:
@@ -63,7 +71,7 @@ def _floats(option: str, text: str, parts: int, sep: str = ",") -> list[float]:
 
 def parse_spec(jobs: str = "500", mean_gap: str = "500", gpu_mix: str = "1:0.83,2:0.03,4:0.03,8:0.10,16:0.01",
                duration_mix: str = "0.8:1:2.5,0.2:2.5:4", deadline_factor: str = "0.5,1.5",
-               best_effort: str = "0", models: str = "", seed: str = "0") -> TraceSpec:
+               best_effort: str = "0", models: str = "", seed: str = "0", sweep: str = "1") -> TraceSpec:
     """A spec from command-line text; every problem names its option."""
     try:
         n = int(jobs)
@@ -102,8 +110,14 @@ def parse_spec(jobs: str = "500", mean_gap: str = "500", gpu_mix: str = "1:0.83,
         rng_seed = int(seed)
     except ValueError:
         raise OptionError("--seed", f"not an integer: {seed!r}") from None
+    try:
+        sweep_size = int(sweep)
+    except ValueError:
+        raise OptionError("--sweep", f"not an integer: {sweep!r}") from None
+    if sweep_size < 1:
+        raise OptionError("--sweep", "a sweep has at least one job")
     names = tuple(m.strip() for m in str(models).split(",") if m.strip())
-    return TraceSpec(n, gap, tuple(mix), tuple(durations), (low, high), share, names, rng_seed)
+    return TraceSpec(n, gap, tuple(mix), tuple(durations), (low, high), share, names, rng_seed, sweep_size)
 
 
 def _pick(rng: random.Random, weighted: Sequence[tuple[object, float]]) -> object:
@@ -135,16 +149,20 @@ def generate(spec: TraceSpec, curves: Mapping[tuple[str, int], ThroughputCurve])
     rng = random.Random(spec.seed)
     rows: list[dict[str, int | str]] = []
     now = 0.0
+    left_in_sweep = 0
     for job_id in range(spec.jobs):
-        if job_id:
-            now += rng.expovariate(1.0 / spec.mean_gap_s)
-        model, batch = pairs[rng.randrange(len(pairs))]
-        curve = curves[(model, batch)]
-        gpus = int(_pick(rng, spec.gpu_mix))  # type: ignore[arg-type]
-        while gpus > 1 and gpus not in curve.points:
-            gpus //= 2
-        if gpus not in curve.points:  # a curve without a 1-GPU point: its narrowest measured count
-            gpus = min(curve.points)
+        if left_in_sweep == 0:
+            if job_id:
+                now += rng.expovariate(1.0 / spec.mean_gap_s)
+            left_in_sweep = rng.randint(1, spec.sweep) if spec.sweep > 1 else 1
+            model, batch = pairs[rng.randrange(len(pairs))]
+            curve = curves[(model, batch)]
+            gpus = int(_pick(rng, spec.gpu_mix))  # type: ignore[arg-type]
+            while gpus > 1 and gpus not in curve.points:
+                gpus //= 2
+            if gpus not in curve.points:  # a curve without a 1-GPU point: its narrowest measured count
+                gpus = min(curve.points)
+        left_in_sweep -= 1
         lo, hi = _pick(rng, [((lo, hi), w) for w, lo, hi in spec.duration_mix])  # type: ignore[misc]
         duration = max(1, round(60 * 10 ** rng.uniform(lo, hi)))
         factor = rng.uniform(*spec.deadline_factor)
@@ -174,7 +192,7 @@ def mean_gap_for(load: float, gpus: int, spec: TraceSpec, curves: Mapping[tuple[
     sample = generate(TraceSpec(20_000, 1.0, spec.gpu_mix, spec.duration_mix, spec.deadline_factor,
                                 spec.best_effort, spec.models, seed=12345), curves)
     per_job = sum(float(r["duration"]) * float(r["num_gpu"]) for r in sample) / len(sample)
-    return per_job / (load * gpus)
+    return per_job * spec.mean_sweep / (load * gpus)  # the gap is between arrivals, each a sweep
 
 
 def trace_csv(rows: Sequence[Mapping[str, int | str]]) -> str:

@@ -65,7 +65,7 @@ def test_mean_gap_for_a_load_gives_that_load_on_average():
     ("--jobs", "0"), ("--jobs", "many"), ("--mean-gap", "-1"), ("--gpu-mix", "3:1"), ("--gpu-mix", "1"),
     ("--gpu-mix", "1:0,2:0"), ("--duration-mix", "1:3:2"), ("--deadline-factor", "1.5,0.5"),
     ("--deadline-factor", "1"), ("--best-effort", "1.2"), ("--models", "alexnet"), ("--seed", "x"),
-    ("--throughputs", "nowhere"), ("--gpus", "0"),
+    ("--throughputs", "nowhere"), ("--gpus", "0"), ("--sweep", "0"),
 ])
 def test_a_bad_option_exits_2_with_one_line_naming_it(tmp_path, option, value):
     out = tmp_path / "t.csv"
@@ -74,3 +74,19 @@ def test_a_bad_option_exits_2_with_one_line_naming_it(tmp_path, option, value):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], result.output
     assert not out.exists()
+
+
+def test_sweeps_arrive_together_share_a_model_and_keep_the_offered_load():
+    spec = TraceSpec(jobs=20000, seed=5, sweep=8)
+    gap = mean_gap_for(2.0, 64, spec, CURVES)
+    rows = generate(TraceSpec(jobs=20000, mean_gap_s=gap, seed=5, sweep=8), CURVES)
+    by_time: dict[int, list[dict]] = {}
+    for row in rows:
+        by_time.setdefault(int(row["submit_time"]), []).append(row)
+    # Arrivals a second apart or less share a submit time once rounded: rare, so look at the rest.
+    groups = [g for g in by_time.values() if len({(r["model_name"], r["batch_size"], r["num_gpu"]) for r in g}) == 1]
+    assert len(groups) > 0.98 * len(by_time)
+    sizes = [len(group) for group in groups]
+    assert max(sizes) <= 8 and 4.0 < sum(sizes) / len(sizes) < 5.0  # 1..8 jobs an arrival, 4.5 on average
+    assert offered_load(rows, 64) == pytest.approx(2.0, rel=0.15)
+    assert generate(TraceSpec(jobs=50, seed=5), CURVES) == generate(TraceSpec(jobs=50, seed=5, sweep=1), CURVES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scheduler_service.contracts import Rejection
@@ -133,5 +133,10 @@ class Executor:
 
     async def _tell_how_it_ended(self, run: ServiceRun, release: Release) -> None:
         state, why = await self.watch.final_state(run.run_id) if release.launched else ("CANCELLED", None)
+        # The loop knows the iteration of the last progress it was told; rank 0's last status on the
+        # channel may be later (the run finished between two polls, or while no worker watched).
+        status = run.channel.status() if release.launched else None
+        if status is not None and status.iteration > release.iteration:
+            release = replace(release, iteration=status.iteration)
         outcome = self.reporter.ended(run, release, state, why, self.clock())
         self.view.ended(run.run_id, release.iteration, outcome)

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_minutes_of_chaos_leave_no_violation() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", "2", "--seed", "1"],
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", "2", "--seed", "1",
+                           "--runs", "10"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])

@@ -70,11 +70,15 @@ class ServiceRun:
         self.artifact_id = artifact_id
 
 
+RECENT_IDS = 4096  # ended runs remembered: more than one poll of Prefect ever lists
+
+
 class RecentIds:
     """Ids of runs that ended lately. Bounded: the oldest are forgotten, by
     then no poll lists them."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int | None = None) -> None:
+        size = RECENT_IDS if size is None else size
         self.size = size
         self._ids: OrderedDict[str, None] = OrderedDict()
 

@@ -1,4 +1,4 @@
-"""The worker's own bookkeeping is the size of what is in flight: 6,000 runs
+"""The worker's own bookkeeping is the size of what is in flight: 2,000 runs
 taken in, admitted, launched and ended leave nothing behind that grows with
 their number. Prefect's API is replaced by a recorder here (what reaches
 Prefect is tested against a real server in test_worker.py); the worker's
@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 T0 = 1_000_000.0
 POINTS = {1: 100.0, 2: 190.0}
 # Measured once the capped list of recent ids is full (registry.RecentIds,
-# 4,096), so that nothing may grow over the runs after it.
-FULL, RUNS = 4_500, 6_000
+# capped at RECENT here rather than 4,096, so that the suite spends 2 minutes
+# on it, not 7), so that nothing may grow over the runs after it.
+RECENT, FULL, RUNS = 512, 1_200, 2_000
 
 
 async def _cycle(worker: Any, index: int, now: float) -> None:
@@ -58,7 +59,10 @@ def measure(home: str) -> dict[str, Any]:
     the largest growths first)."""
     from scheduler_service.store import save_curve
 
+    from scheduler_service.worker import registry
+
     monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(registry, "RECENT_IDS", RECENT)
     publisher = RecordingPublisher(keep_states=False)  # the recorder itself must not grow either
     worker = offline_worker(Path(home), monkeypatch, publisher)
     save_curve("mlp", 32, POINTS)
@@ -85,7 +89,7 @@ def measure(home: str) -> dict[str, Any]:
             "where": [str(stat) for stat in growth[:8]]}
 
 
-def test_six_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path) -> None:
+def test_two_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path) -> None:
     # In a fresh interpreter: what this measures is the worker's bookkeeping,
     # not what earlier tests left running in this process (a Ray driver's
     # threads, Prefect's log and event workers) allocating meanwhile.
@@ -101,5 +105,5 @@ def test_six_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path)
     assert result["calls"] > RUNS * 5  # they really went through admission and launch
     assert sizes == result["sizes_before"]  # nothing per ended run stays (recent ids are capped)
     assert sizes["runs"] == 0 and sizes["loop.runs"] == 0 and sizes["loop.arrivals"] == 0
-    # and nothing per run elsewhere: under 175 bytes a run (a leak is KiBs a run)
-    assert grown < 256 * 1024, "\n".join(result["where"])
+    # and nothing per run elsewhere: under 160 bytes a run (a leak is KiBs a run)
+    assert grown < 128 * 1024, "\n".join(result["where"])

@@ -12,9 +12,14 @@ Measures what a resize costs and checks it changes nothing:
   is hand-over to ready. cold_start_s is the same for the first segment, whose
   workers start from nothing;
 - max_loss_rel_diff: largest relative difference between the two runs' losses
-  at the same iteration.
+  at the same iteration;
+- inplace_rescale_s, inplace_max_loss_rel_diff: the same job resized in place
+  (issue 26: the ranks that stay keep their state, newcomers get it by
+  broadcast, nothing saved or loaded), in the same process, so on the same
+  machine at the same moment; inplace_ratio = inplace_rescale_s / rescale_s.
 Goals: rescale_s <= 2 x (save_s + load_s) + start_s; max_loss_rel_diff <= 1e-3;
-save_s < 1 s. Prints a few lines, then one JSON object as the last line.
+save_s < 1 s; inplace_ratio <= 0.25 and inplace_max_loss_rel_diff <= 1e-3.
+Prints a few lines, then one JSON object as the last line.
 Run: .venv/bin/python bench/rescale.py
 """
 
@@ -36,11 +41,12 @@ from flows.training.runtime import TrainResult, run_training  # noqa: E402
 # Segments long enough for the standby workers of the next GPU set to finish
 # importing torch in the background, as they would in a real job.
 ITERATIONS = 18
-SWITCH_AT = [6, 12]
+SWITCH_AT = [9, 13]  # the first long enough for the 4-slot set's standbys to import torch (a shrink needs none)
 PLAN = [[0, 1], [0, 1, 2, 3], [0]]
 
 
-def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str) -> tuple[TrainResult, float]:
+def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
+          in_place: bool = False) -> tuple[TrainResult, float]:
     params = TrainParameters(
         model="resnet",
         dataset={"name": "synthetic-images", "options": {"size": 256}},
@@ -52,6 +58,7 @@ def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str) -> 
         checkpoint_store=str(root / "checkpoints"),
         control_dir=str(root / "control"),
         device="cpu",
+        resize_in_place=in_place,
     )
     start = time.perf_counter()
     result = run_training(params, key)
@@ -63,8 +70,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="elasticflow-bench-") as tmp:
         root = Path(tmp)
         resized, resized_wall = train(PLAN, SWITCH_AT, root, "resized")
+        in_place, in_place_wall = train(PLAN, SWITCH_AT, root, "in-place", in_place=True)
         steady, steady_wall = train([[0, 1]], [], root, "steady")
-    assert resized.status == steady.status == "completed", (resized.status, steady.status)
+    assert resized.status == steady.status == in_place.status == "completed", (resized.status, steady.status)
+    assert [r.how for r in in_place.rescales] == ["in_place"] * len(SWITCH_AT), in_place.rescales
+    in_place_rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(in_place.losses, steady.losses)]
     assert len(resized.losses) == len(steady.losses) == ITERATIONS
     rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(resized.losses, steady.losses)]
     relaunched = resized.segments[1:]
@@ -91,6 +101,12 @@ def main() -> None:
             {"from": r.from_gpus, "to": r.to_gpus, "at": r.iteration, "seconds": r.seconds} for r in resized.rescales
         ],
         "start_s_each": starts,
+        "inplace_rescale_s": statistics.mean(r.seconds for r in in_place.rescales if r.seconds is not None),
+        "inplace_max_loss_rel_diff": max(in_place_rel),
+        "inplace_rescales": [
+            {"from": r.from_gpus, "to": r.to_gpus, "at": r.iteration, "seconds": r.seconds} for r in in_place.rescales
+        ],
+        "inplace_wall_s": in_place_wall,
         "resized_wall_s": resized_wall,
         "steady_wall_s": steady_wall,
         "iterations": ITERATIONS,
@@ -101,6 +117,8 @@ def main() -> None:
     summary["goal_rescale"] = summary["rescale_s"] <= budget
     summary["goal_loss"] = summary["max_loss_rel_diff"] <= 1e-3
     summary["goal_save"] = summary["save_s"] < 1.0
+    summary["inplace_ratio"] = summary["inplace_rescale_s"] / summary["rescale_s"]
+    summary["goal_inplace"] = summary["inplace_ratio"] <= 0.25 and summary["inplace_max_loss_rel_diff"] <= 1e-3
     for r in summary["rescales"]:
         print(f"rescale {r['from']} -> {r['to']} at iteration {r['at']}: {r['seconds']:.2f} s")
     print(
@@ -109,6 +127,10 @@ def main() -> None:
     print(
         f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}; max relative difference {summary['max_loss_rel_diff']:.2e}"
     )
+    for r in summary["inplace_rescales"]:
+        print(f"in place {r['from']} -> {r['to']} at iteration {r['at']}: {r['seconds']:.2f} s")
+    print(f"in place / restart: {summary['inplace_ratio']:.2f}; in-place max relative loss difference "
+          f"{summary['inplace_max_loss_rel_diff']:.2e}")
     print(json.dumps(summary))
 
 

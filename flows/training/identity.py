@@ -65,6 +65,11 @@ class RankIdentity(BaseModel):
             os.chown(path, -1, self.run_gid)
             os.chmod(path, SHARED_DIR if stat.S_ISDIR(mode) else stat.S_IMODE(mode) & 0o700 | 0o040)
 
+    def share_file(self, path: Path) -> None:
+        """One of the stack's files, readable by the run's ranks (a resize in place's word)."""
+        os.chown(path, -1, self.run_gid)
+        os.chmod(path, 0o640)
+
     def release(self, home: Path) -> None:
         """Give the run's group back (a profile's scratch is gone with it)."""
         (claims_dir(home) / str(self.run_gid)).unlink(missing_ok=True)

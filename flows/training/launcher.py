@@ -15,6 +15,11 @@ on the job's address only (loopback here), never on every interface.
 A "GPU" is a CUDA device id passed through CUDA_VISIBLE_DEVICES; on a CPU-only
 machine it is a worker slot. If any worker dies, the others are killed and the
 segment reports `crashed`: the flow then relaunches from the last checkpoint.
+
+A segment launched `in_place` lives on across resizes (`regroup`): its ranks
+pause at a stop, and the launcher tells them the next round's ranks: those on
+GPUs that stay keep their process and state, the others leave, newcomers come
+from the standby pool (regroup.py has the protocol).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from pathlib import Path
 
 from flows.training.identity import RankIdentity
 from flows.training.orders import RankOrder, Seat, StandbyOrder, free_port, rank_orders
+from flows.training.regroup import Next, next_file, result_file, spec_file, write_private
 from flows.training.segment import SegmentResult, SegmentSpec
-from flows.training.standby import POOL, WorkerPool
+from flows.training.standby import POOL, Worker, WorkerPool
 from flows.training.supervision import (
     HANDOVER_S,
     ProgressCallback,
@@ -76,10 +82,13 @@ class Segment:
             fh.write(spec.model_dump_json())
         if identity is not None:  # its ranks write logs, progress and the result here, and read the spec
             identity.share(self.dir)
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[Worker] = []
         self.orders: list[RankOrder] = []
+        self.logs: list[Path] = []  # by rank in the current round
         self.pool = pool or POOL
         self.launch_t = 0.0
+        self.round = 0  # resizes in place so far
+        self.paused: SegmentResult | None = None  # its ranks wait in memory for the next round
         self._progress_offset = 0
 
     def start(self) -> None:
@@ -87,19 +96,82 @@ class Segment:
         self.launch_t = time.time()
         self.orders = rank_orders(local_seats(self.gpus), JOB_ADDR, port, self.spec.device, self.launch_t, self.gpus)
         self.procs = self.pool.take(len(self.gpus))
-        for order, proc in zip(self.orders, self.procs):
+        self.logs = [self.dir / f"rank{order.rank}.log" for order in self.orders]
+        self._hand_over(self.procs, self.orders, joins=False)
+        log.info("segment started run_key=%s gpus=%s port=%d dir=%s", self.spec.run_key, self.gpus, port, self.dir)
+
+    def _hand_over(self, procs: list[Worker], orders: list[RankOrder], joins: bool) -> None:
+        for order, proc in zip(orders, procs):
             line = StandbyOrder(segment_dir=str(self.dir), log=str(self._log(order.rank)), order=order,
-                                identity=self.identity)
+                                identity=self.identity, spec_file=spec_file(self.round), round=self.round,
+                                joins=joins)
             assert proc.stdin is not None
             try:
                 proc.stdin.write(line.model_dump_json().encode() + b"\n")
                 proc.stdin.close()
             except BrokenPipeError:  # it died while waiting; supervision reports the crash
                 log.warning("worker rank=%d exited before its segment was handed over", order.rank)
-        log.info("segment started run_key=%s gpus=%s port=%d dir=%s", self.spec.run_key, self.gpus, port, self.dir)
 
     def _log(self, rank: int) -> Path:
-        return self.dir / f"rank{rank}.log"
+        return self.logs[rank] if rank < len(self.logs) else self.dir / f"rank{rank}.log"
+
+    def _write(self, name: str, text: str) -> None:
+        write_private(self.dir / name, text, self.identity.share_file if self.identity else None)
+
+    def regroup(self, spec: SegmentSpec, gpus: list[int]) -> bool:
+        """Go on in place on `gpus` (regroup.py): the ranks on GPUs that stay
+        keep their state, the others leave, newcomers join and get it from
+        them. Returns once the leavers are gone (their GPUs are free then);
+        False, touching nothing, when it cannot: not paused, none of its GPUs
+        in `gpus`, or a rank already gone (then `release` it)."""
+        if self.paused is None or not set(gpus) & set(self.gpus) or any(p.poll() is not None for p in self.procs):
+            return False
+        stay = [r for r, gpu in enumerate(self.gpus) if gpu in gpus]  # the new rank 0 is one that stays
+        new_gpus = [self.gpus[r] for r in stay] + [gpu for gpu in gpus if gpu not in self.gpus]
+        port, self.launch_t = free_port(JOB_ADDR), time.time()
+        orders = rank_orders(local_seats(new_gpus), JOB_ADDR, port, spec.device, self.launch_t, new_gpus)
+        ended, self.round = self.round, self.round + 1
+        self._write(spec_file(self.round), spec.model_dump_json())
+        word = Next(round=self.round, action="regroup", spec_file=spec_file(self.round),
+                    orders={r: orders[stay.index(r)] if r in stay else None for r in range(len(self.gpus))})
+        joiners = self.pool.take(len(new_gpus) - len(stay))
+        leavers = [proc for r, proc in enumerate(self.procs) if r not in stay]
+        self.logs = [self.logs[r] for r in stay] + [self.dir / f"rank{o.rank}-round{self.round}.log"
+                                                     for o in orders[len(stay):]]
+        self._write(next_file(ended), word.model_dump_json())
+        self._hand_over(joiners, orders[len(stay):], joins=True)
+        self.procs = [self.procs[r] for r in stay] + joiners
+        self.spec, self.gpus, self.orders, self.paused = spec, new_gpus, orders, None
+        self._await_exit(leavers)
+        log.info("segment resized in place run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
+                 spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
+        return True
+
+    def release(self) -> SegmentResult | None:
+        """A paused segment that does not go on in place: its ranks save where
+        they stand and exit; their last result (None if they could not say)."""
+        if self.paused is None:
+            return None
+        self.paused = None
+        self._write(next_file(self.round), Next(round=self.round, action="save").model_dump_json())
+        self._await_exit(self.procs, timeout_s=120.0)
+        if any(p.poll() != 0 for p in self.procs):
+            return None
+        result = SegmentResult.model_validate_json((self.dir / result_file(self.round)).read_text())
+        result.gpus = self.gpus
+        return result
+
+    def _await_exit(self, procs: list[Worker], timeout_s: float = 30.0) -> None:
+        """Until `procs` are gone; those still there after `timeout_s` (stuck
+        with a peer that died) are killed: the GPUs are someone else's now."""
+        end = time.time() + timeout_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, end - time.time()))
+            except subprocess.TimeoutExpired:
+                log.warning("rank pid=%d did not leave in %.0f s: killed", proc.pid, timeout_s)
+                proc.kill()
+                proc.wait()
 
     @property
     def pids(self) -> list[int]:
@@ -189,11 +261,24 @@ class Segment:
                 return result
             if all(c == 0 for c in codes):
                 break
+            paused = self._paused_result()
+            if paused is not None:  # the ranks wait for `regroup` or `release`
+                self._forward_progress(on_progress)
+                self.paused = paused
+                return paused
             time.sleep(poll_s)
         self._forward_progress(on_progress)
-        result = SegmentResult.model_validate_json((self.dir / "result.json").read_text())
+        result = SegmentResult.model_validate_json((self.dir / result_file(self.round)).read_text())
         result.gpus = self.gpus
         return result
+
+    def _paused_result(self) -> SegmentResult | None:
+        path = self.dir / result_file(self.round)
+        if not self.spec.in_place or not path.exists():
+            return None
+        result = SegmentResult.model_validate_json(path.read_text())
+        result.gpus = self.gpus
+        return result if result.paused else None
 
 
 def prune_segment_dirs(folder: Path, keep: int = 5) -> None:

@@ -98,3 +98,7 @@ class StandbyOrder(BaseModel):
     log: str
     order: RankOrder
     identity: RankIdentity | None = None
+    spec_file: str = Field("spec.json", description="its SegmentSpec, in the segment's folder")
+    round: int = Field(0, ge=0, description="the segment's round: 1 and on, resizes in place (regroup.py)")
+    joins: bool = Field(False, description="it joins ranks that stay in a resize in place: state from them, "
+                                           "not from a checkpoint")

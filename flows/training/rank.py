@@ -18,16 +18,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import signal
-import socket
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -37,6 +34,8 @@ from flows.training.control import FileControlChannel
 from flows.training.datasets import load_dataset
 from flows.training.models import build_model, per_sample_loss
 from flows.training.orders import RankOrder, StandbyOrder
+from flows.training.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
+from flows.training.regroup import Next, await_next, result_file, write_private
 from flows.training.sampler import batch_indices, micro_batches, shard_bounds
 from flows.training.saving import Saves
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
@@ -62,48 +61,13 @@ def _orphaned() -> bool:
     return _parent_pid is not None and os.getppid() != _parent_pid
 
 
-def build_optimizer(model: torch.nn.Module, spec: SegmentSpec) -> torch.optim.Optimizer:
-    hp = spec.hyperparameters
-    if hp.optimizer == "sgd":
-        return torch.optim.SGD(
-            model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay
-        )
-    if hp.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
-
-
-def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-
-
-def rendezvous_store(addr: str, port: int, rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
-    """The job's rendezvous store, listening on `addr` only. torch's own
-    TCPStore server listens on every interface (`*:<port>`, unauthenticated);
-    handed a socket already bound to the job's address it listens there. The
-    collectives' own sockets follow GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME,
-    which the launcher sets to the same interface."""
-    if rank != 0:
-        return dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((addr, port))
-    listener.listen(128)
-    # detach: the store owns the descriptor from here on (and closes it)
-    return dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
-
-
 class Worker:
-    """State of one rank for one segment."""
+    """State of one rank for one segment, across its rounds: a resize in place
+    (regroup.py) keeps the process, its model and optimizer, and forms a new
+    process group for the next round."""
 
-    def __init__(self, spec: SegmentSpec, segment_dir: Path, order: RankOrder) -> None:
-        self.spec, self.dir, self.order = spec, segment_dir, order
+    def __init__(self, spec: SegmentSpec, segment_dir: Path, order: RankOrder, round_: int = 0) -> None:
+        self.spec, self.dir, self.order, self.round = spec, segment_dir, order, round_
         self.rank, self.world = order.rank, order.world_size
         self.timings = SegmentTimings(launch_t=order.launch_t, imported_t=time.time())
         self.storage = CheckpointStorage(spec.checkpoint_url, keep=spec.keep_checkpoints)
@@ -112,26 +76,35 @@ class Worker:
         self.device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
         self.history: list[float] = []
         self.iteration = 0
+        self.paused = False  # stopped in memory, waiting for the launcher's word (regroup.py)
+        self.last_checkpoint: int | None = None  # the iteration of this run's newest checkpoint, as rank 0 knows
 
     def setup(self) -> None:
         if self.spec.device == "cuda":
             torch.cuda.set_device(self.device)
-            backend = "nccl"
         else:
             torch.set_num_threads(1)
-            backend = "gloo"
-        timeout = timedelta(seconds=self.spec.init_timeout_s)
-        store = rendezvous_store(self.order.master_addr, self.order.master_port, self.rank, self.world, timeout)
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
-        self.timings.rendezvous_t = time.time()
+        self._form_group()
         self.data = load_dataset(self.spec.dataset)
         torch.manual_seed(self.spec.hyperparameters.seed)
         self.model = build_model(self.spec.model, self.spec.model_kwargs).to(self.device)
         # Wrapped before restoring: DDP keeps references to the parameters, and
         # load_state_dict copies into them in place.
-        self.ddp = DistributedDataParallel(self.model, device_ids=[0] if self.spec.device == "cuda" else None)
+        self._wrap()
         self.optimizer = build_optimizer(self.model, self.spec)
         self.timings.ready_t = time.time()
+
+    def _form_group(self) -> None:
+        timeout = timedelta(seconds=self.spec.init_timeout_s)
+        store = rendezvous_store(self.order.master_addr, self.order.master_port, self.rank, self.world, timeout)
+        dist.init_process_group("nccl" if self.spec.device == "cuda" else "gloo", store=store, rank=self.rank,
+                                world_size=self.world, timeout=timeout)
+        self.timings.rendezvous_t = time.time()
+
+    def _wrap(self) -> None:
+        """DDP over the current group; its constructor broadcasts rank 0's
+        parameters and buffers, which is how a rank that joins gets the model."""
+        self.ddp = DistributedDataParallel(self.model, device_ids=[0] if self.spec.device == "cuda" else None)
 
     def restore(self) -> int | None:
         """Load the newest valid checkpoint. Rank 0 picks it (falling back past a
@@ -154,11 +127,84 @@ class Worker:
             self.optimizer.load_state_dict(state["optimizer"])
             self.iteration = int(state["iteration"])
             self.history = list(state["history"])
-            _set_rng_state(state["rng"])
+            set_rng_state(state["rng"])
         dist.barrier()
+        self.last_checkpoint = self.iteration
         self.timings.load_s = time.perf_counter() - start
         self.timings.loaded_t = time.time()
         return int(chosen.item()) if chosen.item() >= 0 else None
+
+    def share_state(self, joins: bool) -> None:
+        """Rank 0 (one that stayed) sends what the model's parameters do not
+        hold: the optimizer's state, the iteration (and so the data
+        position), the loss history and the random state. Those that `joins`
+        take it; the others have it already."""
+        start = time.perf_counter()
+        held = [{"optimizer": self.optimizer.state_dict(), "iteration": self.iteration, "history": self.history,
+                 "rng": rng_state()} if self.rank == 0 else None]
+        dist.broadcast_object_list(held, src=0, device=self.device if self.spec.device == "cuda" else None)
+        if joins:
+            state = held[0]
+            assert state is not None
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.iteration, self.history = int(state["iteration"]), list(state["history"])
+            set_rng_state(state["rng"])
+        self.timings.load_s = time.perf_counter() - start
+        self.timings.loaded_t = time.time()
+
+    def resume(self) -> Literal["train", "leave", "save"]:
+        """Paused at a stop: form the next round as the launcher says (train
+        on in it, or leave), or save where it stands. Every
+        rank acts alike: one that did not get the word (asked to stop,
+        orphaned, told nothing in time) makes them all save."""
+        word = await_next(self.dir, self.round, go_on=lambda: not _terminated and not _orphaned())
+        regroup = torch.tensor([float(word is not None and word.action == "regroup")], device=self.device)
+        dist.all_reduce(regroup, op=dist.ReduceOp.MIN)
+        if regroup.item() < 1 or word is None:
+            return "save"
+        return self._regroup(word)
+
+    def _regroup(self, word: Next) -> Literal["train", "leave"]:
+        order = word.orders.get(self.rank)
+        staying = sum(o is not None for o in word.orders.values())
+        # The DDP wrapper goes while every peer is alive: its reducer, freed
+        # after a peer has gone, can wait for ever (see main). It has no
+        # reference cycle: `del` frees it (a gc.collect() here took 0.1-0.4 s).
+        start = time.perf_counter()
+        del self.ddp
+        dist.barrier()
+        dist.destroy_process_group()
+        log.info("round %d: old group gone in %.3f s", word.round, time.perf_counter() - start)
+        if order is None:
+            log.info("leaving at iteration %d (resize in place to round %d)", self.iteration, word.round)
+            return "leave"
+        self.spec = SegmentSpec.model_validate_json((self.dir / word.spec_file).read_text())
+        self.order, self.rank, self.world, self.round = order, order.rank, order.world_size, word.round
+        self.timings = SegmentTimings(launch_t=order.launch_t, imported_t=time.time())
+        self.paused = False
+        self._form_group()
+        self._wrap()
+        self.timings.ready_t = time.time()
+        if staying < self.world:  # newcomers wait for the rest of the state
+            self.share_state(joins=False)
+        else:
+            self.timings.loaded_t = time.time()
+        log.info("round %d: rank %d of %d at iteration %d, in place; group formed in %.3f s, ready in %.3f s",
+                 self.round, self.rank, self.world, self.iteration, self.timings.rendezvous_t - self.timings.imported_t,
+                 self.timings.loaded_t - self.timings.imported_t)
+        return "train"
+
+    def save_paused(self) -> StopReason:
+        """Told to end where it stands (parked, stopped, or off to GPUs none of
+        these ranks hold): a checkpoint, retried as a stop's is (saving.py)."""
+        self.paused = False
+        while True:
+            saved, give_up = self.checkpoint_together()
+            if saved:
+                return "terminated" if _terminated else "stopped"
+            if give_up:
+                return "save_failed"
+            time.sleep(min(self.saves.retry_s, 5.0))
 
     def checkpoint(self) -> bool:
         """Rank 0 saves; False if the store refused (saving.py says what then)."""
@@ -169,7 +215,7 @@ class Worker:
             "optimizer": self.optimizer.state_dict(),
             "iteration": self.iteration,
             "history": self.history,
-            "rng": _rng_state(),
+            "rng": rng_state(),
             "data": {
                 "seed": self.spec.hyperparameters.seed,
                 "global_batch_size": self.spec.hyperparameters.global_batch_size,
@@ -231,9 +277,11 @@ class Worker:
         too many failed."""
         spec = self.spec
         progress = open(self.dir / PROGRESS_FILE, "a") if self.rank == 0 else None
-        self.last_checkpoint = self.iteration
         while True:
             reason = self._train(progress)
+            if spec.in_place and reason in ("stopped", "target"):
+                self.paused = True  # no save: the launcher says what next (regroup.py)
+                break
             if reason in ("terminated", "save_failed") or not spec.save_at_end:
                 break
             saved, give_up = self.checkpoint_together()
@@ -300,12 +348,12 @@ class Worker:
             losses={i: self.history[i] for i in range(start_iteration, self.iteration)},
             history=self.history,
             timings=self.timings,
-            checkpoint_iteration=getattr(self, "last_checkpoint", None),
+            checkpoint_iteration=self.last_checkpoint,
             error=self.saves.error if reason == "save_failed" else None,
+            paused=self.paused,
+            in_place=self.round > 0,
         )
-        tmp = self.dir / "result.json.tmp"
-        tmp.write_text(result.model_dump_json())
-        os.replace(tmp, self.dir / "result.json")
+        write_private(self.dir / result_file(self.round), result.model_dump_json())
 
 
 def main(order: StandbyOrder) -> NoReturn:
@@ -315,13 +363,29 @@ def main(order: StandbyOrder) -> NoReturn:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
                         force=True)  # a worker forked from a flow process inherits its handlers
     folder = Path(order.segment_dir)
-    spec = SegmentSpec.model_validate_json((folder / "spec.json").read_text())
-    worker = Worker(spec, folder, order.order)
+    spec = SegmentSpec.model_validate_json((folder / order.spec_file).read_text())
+    worker = Worker(spec, folder, order.order, order.round)
     worker.setup()
-    worker.restore()
-    start_iteration = worker.iteration
-    reason = worker.train()
-    worker.report(start_iteration, reason)
+    if order.joins:
+        worker.share_state(joins=True)
+        t = worker.timings
+        log.info("joined round %d at iteration %d: took its order %.3f s after the launch, group formed %.3f s "
+                 "later, model built %.3f s, state received %.3f s", order.round, worker.iteration,
+                 t.imported_t - t.launch_t, t.rendezvous_t - t.imported_t, t.ready_t - t.rendezvous_t, t.load_s)
+    else:
+        worker.restore()
+    while True:
+        start_iteration = worker.iteration
+        reason = worker.train()
+        worker.report(start_iteration, reason)
+        if not worker.paused:
+            break
+        what = worker.resume()
+        if what == "save":
+            worker.report(start_iteration, worker.save_paused())
+            break
+        if what == "leave":
+            _exit(0)  # its group is gone already
     dist.barrier()
     dist.destroy_process_group()
     # Exit from here: returning would free `worker` (its DDP model and reducer),

@@ -20,6 +20,8 @@ KEEP_SEGMENT_DIRS = 5  # a local run's newest segment folders (logs, progress, r
 
 
 class Ranks(Protocol):
+    in_place: bool  # its segments pause at a stop and resize in place (launcher.Segment.regroup)
+
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> RunningSegment:
         """The next segment on `gpus` (on a cluster, the slots `placement` names), not started yet."""
 
@@ -37,7 +39,10 @@ class Ranks(Protocol):
 
 class LocalRanks:
     """Every rank a process on this machine, on loopback; relaunches take
-    warm standbys from the process's `WorkerPool`."""
+    warm standbys from the process's `WorkerPool`; resizes keep the ranks on
+    GPUs that stay."""
+
+    in_place = True
 
     def __init__(self, segments_dir: Path, pool: WorkerPool = POOL, identity: RankIdentity | None = None) -> None:
         self.segments_dir, self.pool, self.identity = segments_dir, pool, identity

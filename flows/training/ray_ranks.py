@@ -246,6 +246,13 @@ class RaySegment:
         log.info("segment started on Ray run_key=%s gpus=%s nodes=%s master=%s:%d", self.spec.run_key, self.gpus,
                  ",".join(self.nodes), master_ip, port)
 
+    def regroup(self, spec: SegmentSpec, gpus: list[int]) -> bool:
+        """Ray actors resize from a checkpoint: their segments never pause (`RayRanks.in_place`)."""
+        return False
+
+    def release(self) -> SegmentResult | None:
+        return None
+
     def request_stop(self) -> None:
         self._stop(terminate=True)
 
@@ -336,6 +343,8 @@ class RaySegment:
 class RayRanks:
     """Ranks as Ray actors on the nodes each segment's placement names, warm
     spares per node in the run's `ActorPool` (a `ranks.Ranks`)."""
+
+    in_place = False  # not yet: every resize is a checkpoint restart on new actors (issue 26)
 
     def __init__(self, address: str, run_key: str, control: FileControlChannel | None) -> None:
         connect(address)

@@ -2,9 +2,12 @@
 
 `run_training` runs a job as a sequence of segments. Before each segment it
 decides the GPU set: the latest control-channel command if the scheduler has
-spoken, else the standalone `gpu_plan`. Each segment restores the latest
-checkpoint, so a relaunch on a different GPU set, or after a crash, continues
-the same training. Where the ranks run (processes here, or Ray actors on a
+spoken, else the standalone `gpu_plan`. A new GPU set that keeps some of the
+old one is taken in place where the ranks can (`Ranks.in_place`): the ranks
+on kept GPUs pause at the stop with their state, and the segment goes on
+with newcomers (launcher.Segment.regroup). Otherwise, and after a crash, a
+segment restores the latest checkpoint, so a relaunch continues the same
+training. Where the ranks run (processes here, or Ray actors on a
 cluster's nodes) is chosen once (`ranks.ranks_for`); the loop does not know
 which. The Prefect flow in `flows.train` wraps this loop and runs each segment
 as a task.
@@ -51,6 +54,7 @@ class RescaleRecord(BaseModel):
     from_gpus: list[int]
     to_gpus: list[int]
     cause: Literal["plan", "control"]
+    how: Literal["restart", "in_place"] = Field("restart", description="from a checkpoint, or ranks that stayed")
     seconds: float | None = Field(description="stop seen at a boundary -> new segment ready for its first iteration")
 
 
@@ -106,6 +110,7 @@ class _Run:
         self.previous: SegmentResult | None = None
         self.cause: Literal["plan", "control"] = "plan"
         self.parked = False  # time spent parked is not rescale cost
+        self.unacked: ControlAck | None = None  # applied, told once the ranks it takes GPUs from are gone
 
     def checkpointed(self) -> int:
         """The iteration of the newest checkpoint: where the next segment starts."""
@@ -119,12 +124,19 @@ class _Run:
             return True
         self.applied_seq = command.seq
         if command.action == "stop":
-            self.channel.acknowledge(ControlAck(seq=command.seq, iteration=self.iteration, gpus=[]))
+            self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=[])
             return False
         self.override, self.cause, self.where = list(command.gpus or []), "control", command.placement
-        self.channel.acknowledge(ControlAck(seq=command.seq, iteration=self.iteration, gpus=self.override))
+        self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=self.override)
         log.info("control command applied run_key=%s seq=%d gpus=%s", self.run_key, command.seq, self.override)
         return True
+
+    def acknowledge(self) -> None:
+        """Tell the scheduler its command is applied: only once the ranks it
+        takes GPUs from are gone, for the scheduler then hands them out."""
+        if self.unacked is not None:
+            self.channel.acknowledge(self.unacked)
+            self.unacked = None
 
     def next_segment(self, total: int) -> tuple[list[int], int, int]:
         """The next segment's GPUs, the iteration it stops at, and the warm ranks its successor will want."""
@@ -158,13 +170,23 @@ class _Run:
     def ended(self, result: SegmentResult, tracker: ProgressTracker) -> None:
         """A segment that ran to its end: a resize if its GPUs differ from the one before."""
         previous = self.previous
-        if previous is not None and previous.gpus != result.gpus:
+        if previous is not None and sorted(previous.gpus) != sorted(result.gpus):
             record = RescaleRecord(iteration=result.start_iteration, from_gpus=previous.gpus, to_gpus=result.gpus,
-                                   cause=self.cause, seconds=None if self.parked else _rescale_s(previous, result))
+                                   cause=self.cause, how="in_place" if result.in_place else "restart",
+                                   seconds=None if self.parked else _rescale_s(previous, result))
             self.rescales.append(record)
             tracker.rescaled(record.from_gpus, record.to_gpus, record.iteration, record.seconds)
         self.history, self.iteration = result.history, result.end_iteration
         self.previous, self.parked = result, False
+
+    def released(self, result: SegmentResult | None) -> None:
+        """The paused ranks saved and exited: the next segment starts from that checkpoint."""
+        if result is not None:  # the paused segment's record, now with where it saved
+            self.segments[-1] = result
+            if result.reason == "save_failed":
+                raise CheckpointSaveFailed(f"{result.error}; the run ends at iteration {result.end_iteration} "
+                                           f"rather than train on with no checkpoint to resume from")
+        self.iteration = self.checkpointed()
 
     def result(self, status: Status, total: int) -> TrainResult:
         return TrainResult(run_key=self.run_key, status=status, iterations=self.iteration, total_iterations=total,
@@ -217,10 +239,23 @@ def run_training(
     termination.install()
 
     trained = False  # the last segment launched did at least one iteration
+    live: RunningSegment | None = None  # paused in memory at its stop, for a resize in place
+
+    def release() -> None:
+        nonlocal live
+        if live is not None:
+            paused, live = live, None
+            run.released(paused.release())
 
     def launch(spec: SegmentSpec, gpus: list[int], standby: int, on_progress: ProgressCallback) -> SegmentResult:
-        nonlocal trained
-        segment = ranks.segment(spec, gpus, run.where)
+        nonlocal trained, live
+        paused, live = live, None
+        segment = paused if paused is not None and paused.regroup(spec, gpus) else None
+        if segment is None:
+            if paused is not None:  # none of its GPUs stay, or a rank is gone: from its checkpoint
+                run.released(paused.release())
+            segment = ranks.segment(spec, gpus, run.where)
+        run.acknowledge()  # the ranks that leave are gone: their GPUs may go to others
         termination.segment = segment
         trained = False
 
@@ -232,10 +267,14 @@ def run_training(
             on_progress(line)
 
         try:  # a TerminationSignal can land anywhere here, even between handing out two workers' orders
-            segment.start()
+            if segment is not paused:
+                segment.start()
             if segment_hook:
                 segment_hook(segment)
-            return segment.wait(progress)
+            result = segment.wait(progress)
+            if result.paused:
+                live = segment
+            return result
         except BaseException:
             segment.kill(grace_s=30.0)  # let workers checkpoint before we go
             raise
@@ -246,16 +285,20 @@ def run_training(
     try:
         while run.iteration < total:
             if not run.take_command():
+                release()
+                run.acknowledge()
                 status = "stopped"
                 break
             if run.override == []:  # parked by the scheduler: hold no workers until told
+                release()
+                run.acknowledge()
                 run.parked = True
                 time.sleep(park_poll_s)
                 continue
             gpus, stop_at, standby = run.next_segment(total)
             spec = SegmentSpec.of_run(params, run_key=run_key, total_iterations=total, stop_at=stop_at,
                                       checkpoint_url=checkpoint_url, device=device, control_dir=str(control_root),
-                                      applied_seq=run.applied_seq)
+                                      applied_seq=run.applied_seq, in_place=params.resize_in_place and ranks.in_place)
             tracker.segment_started(gpus, run.iteration)
             name = f"segment-{len(run.segments)}-it{run.iteration}-gpus{'_'.join(map(str, gpus))}"
 
@@ -265,6 +308,9 @@ def run_training(
             result = wrap_segment(go, name) if wrap_segment else go()
             tracker.segment_finished(result)
             run.segments.append(result)
+            if result.reason == "crashed" and termination.received:  # its stop reached ranks still starting
+                status = "preempted"
+                break
             if result.reason == "crashed":
                 run.crashed(result, ranks, trained)
                 continue
@@ -280,7 +326,12 @@ def run_training(
         termination.restore_and_forward()
         raise
     finally:
-        ranks.close()
+        try:
+            if live is not None:  # never left behind: its ranks save and exit
+                live.release()
+            run.acknowledge()
+        finally:
+            ranks.close()
     tracker.finished(status)
     termination.restore_and_forward()  # checkpoint is safe: now let SIGTERM do what it would have done
     return run.result(status, total)

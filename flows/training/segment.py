@@ -35,6 +35,8 @@ class SegmentSpec(BaseModel):
     applied_seq: int = 0
     save_at_end: bool = True
     init_timeout_s: float = 120.0
+    in_place: bool = Field(False, description="at a stop, pause in memory for a resize in place (regroup.py) "
+                                              "rather than checkpoint and exit")
 
     @classmethod
     def of_run(cls, params: TrainParameters, **segment: Any) -> SegmentSpec:
@@ -83,6 +85,8 @@ class SegmentResult(BaseModel):
     checkpoint_iteration: int | None = None
     error: str | None = None
     failure: str | None = Field(default=None, description="a crash's cause, as supervision.Failure says it")
+    paused: bool = Field(False, description="its ranks wait in memory for a resize in place (regroup.py)")
+    in_place: bool = Field(False, description="its ranks kept their state from the segment before (no checkpoint)")
 
     @property
     def iterations_per_s(self) -> float | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple, Protocol
 
 from flows.training.orders import RankOrder
-from flows.training.segment import SegmentResult, SegmentTimings
+from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings
 
 # Launch -> every rank has taken its part (local: opened its segment's log;
 # Ray: said where it runs); else the segment failed. A rank that is not a warm
@@ -77,6 +77,12 @@ class RunningSegment(Protocol):
 
     def request_stop(self) -> None:
         """Every rank stops at the next iteration boundary, with a checkpoint (as on SIGTERM)."""
+
+    def regroup(self, spec: SegmentSpec, gpus: list[int]) -> bool:
+        """After `wait` said `paused`: go on in place on `gpus` (False: it cannot, `release` it)."""
+
+    def release(self) -> SegmentResult | None:
+        """After `wait` said `paused`: its ranks save where they stand and exit; their result."""
 
     def kill(self, grace_s: float = 5.0) -> None:
         """Ask for a stop, and end whatever is still there `grace_s` later."""

@@ -107,3 +107,38 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+REL_TOL = 1e-4
+N = 240  # iterations of every run here; the reference is computed once per test process
+
+
+def assert_same_trajectory(losses: list[float], reference: list[float]) -> None:
+    assert len(losses) == len(reference)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    assert worst <= REL_TOL, f"largest relative loss difference {worst:.2e}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], list[float]]:
+    """Losses of the never-resized job on one worker slot (computed once per test process)."""
+    from flows.training.runtime import run_training
+
+    cache: dict[int, list[float]] = {}
+
+    def get(iterations: int = N) -> list[float]:
+        if iterations not in cache:
+            root = tmp_path_factory.mktemp(f"reference{iterations}")
+            params = TrainParameters(
+                model="mlp",
+                hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+                iterations=iterations,
+                checkpoint_interval=1000,
+                checkpoint_store=str(root / "ck"),
+                control_dir=str(root / "ctl"),
+                device="cpu",
+            )
+            cache[iterations] = run_training(params, "reference").losses
+        return cache[iterations]
+
+    return get

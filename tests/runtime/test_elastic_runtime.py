@@ -19,42 +19,9 @@ from flows.training.control import FileControlChannel
 from flows.training.params import TrainParameters
 from flows.training.runtime import run_training
 from flows.training.supervision import RunningSegment
-from tests.runtime.conftest import progress_iterations, process_alive, when_iteration_reaches
+from tests.runtime.conftest import N, assert_same_trajectory, progress_iterations, process_alive, when_iteration_reaches
 
 pytestmark = pytest.mark.slow
-
-REL_TOL = 1e-4
-N = 240  # iterations of every run here; the reference is computed once per test process
-
-
-def assert_same_trajectory(losses: list[float], reference: list[float]) -> None:
-    assert len(losses) == len(reference)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
-    assert worst <= REL_TOL, f"largest relative loss difference {worst:.2e}"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], list[float]]:
-    """Losses of the never-resized job on one worker slot (computed once per test process)."""
-    cache: dict[int, list[float]] = {}
-
-    def get(iterations: int = N) -> list[float]:
-        if iterations not in cache:
-            root = tmp_path_factory.mktemp(f"reference{iterations}")
-            params = TrainParameters(
-                model="mlp",
-                hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
-                iterations=iterations,
-                checkpoint_interval=1000,
-                checkpoint_store=str(root / "ck"),
-                control_dir=str(root / "ctl"),
-                device="cpu",
-            )
-            cache[iterations] = run_training(params, "reference").losses
-        return cache[iterations]
-
-    return get
-
 
 def test_resized_2_4_1_follows_the_never_resized_trajectory(
     make_params: Callable[..., TrainParameters], reference: Any

@@ -19,8 +19,7 @@ from flows.training.control import FileControlChannel
 from flows.training.params import TrainParameters
 from flows.training.runtime import CheckpointSaveFailed, run_training
 from flows.training.supervision import RunningSegment
-from tests.runtime.conftest import progress_iterations, when_iteration_reaches, when_progress
-from tests.runtime.test_elastic_runtime import N, assert_same_trajectory, reference  # noqa: F401  (fixture)
+from tests.runtime.conftest import N, assert_same_trajectory, progress_iterations, when_iteration_reaches, when_progress
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +41,8 @@ def _mend_folder(folder: Path, kept: Path) -> None:
 def test_a_store_that_stops_taking_saves_ends_the_run_with_its_error_and_no_restart_from_an_older_one(
     make_params: Callable[..., TrainParameters], caplog: pytest.LogCaptureFixture
 ) -> None:
-    params = make_params(iterations=N, checkpoint_interval=10)
+    # A restart resize, which needs its save (one in place does not: test_resize_in_place.py)
+    params = make_params(iterations=N, checkpoint_interval=10, resize_in_place=False)
     channel = FileControlChannel("unsaved", params.control_dir)
     folder = Path(params.checkpoint_store) / "unsaved"  # type: ignore[arg-type]
     segments: list[Any] = []
@@ -79,7 +79,7 @@ def test_a_resize_asked_while_saves_fail_waits_for_a_save_that_works_and_loses_n
     # reports that, far from the next save at 40 (mended at an iteration
     # instead, 4 iterations before a save, a loaded CI machine missed it and
     # the third failure in a row ended the run).
-    params = make_params(iterations=N, checkpoint_interval=40)
+    params = make_params(iterations=N, checkpoint_interval=40, resize_in_place=False)
     channel = FileControlChannel("mended", params.control_dir)
     folder = Path(params.checkpoint_store) / "mended"  # type: ignore[arg-type]
     segments: list[Any] = []

@@ -1,0 +1,126 @@
+"""Resizes in place (issue 26) on local ranks: the ranks on GPUs that stay
+keep their process and state, those that join get it from them, and the
+losses are the never-resized run's at every iteration. A rank lost in the
+middle of it sends the run back to its last checkpoint, in the same run."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from elasticflow_block import CheckpointStorage
+from flows.training.params import TrainParameters
+from flows.training.runtime import run_training
+from flows.training.supervision import RunningSegment
+from tests.runtime.conftest import N, assert_same_trajectory, process_alive, progress_iterations
+
+pytestmark = pytest.mark.slow
+
+
+def _run(params: TrainParameters, key: str) -> tuple[Any, list[RunningSegment], list[list[int]]]:
+    """The result, every segment handed to the hook, and the rank pids each time."""
+    seen: list[RunningSegment] = []
+    pids: list[list[int]] = []
+
+    def hook(segment: RunningSegment) -> None:
+        seen.append(segment)
+        pids.append(list(segment.pids))
+
+    return run_training(params, key, segment_hook=hook), seen, pids
+
+
+@pytest.mark.parametrize("plan, kept", [
+    ([[0, 1], [0, 1, 2, 3], [0]], [[0, 1], [0]]),  # grow, then shrink
+    ([[0, 1], [1, 2]], [[1]]),  # move: GPU 1 stays, 0 leaves, 2 joins
+])
+def test_ranks_that_stay_keep_their_process_and_the_losses_are_the_never_resized_ones(
+    make_params: Callable[..., TrainParameters], reference: Any, plan: list[list[int]], kept: list[list[int]]
+) -> None:
+    switch_at = [80, 160][: len(plan) - 1]
+    params = make_params(gpu_plan=plan, switch_at=switch_at, iterations=N, checkpoint_interval=1000)
+    result, seen, pids = _run(params, "in-place")
+    assert result.status == "completed" and result.restarts == 0
+    assert len(seen) == len(plan) and all(s is seen[0] for s in seen)  # one segment, resized
+    assert [sorted(s.gpus) for s in result.segments] == [sorted(p) for p in plan]
+    assert [r.how for r in result.rescales] == ["in_place"] * (len(plan) - 1)
+    assert all(r.seconds is not None and r.seconds > 0 for r in result.rescales)
+    for before, after, gpus, stay in zip(pids, pids[1:], plan, kept):
+        survivors = {before[gpus.index(g)] for g in stay}
+        assert survivors <= set(after)  # the same processes, state in memory
+        assert not any(process_alive(p) for p in set(before) - set(after))  # the leavers are gone
+    assert CheckpointStorage(params.checkpoint_store).iterations("in-place") == [N]  # no resize saved
+    assert_same_trajectory(result.losses, reference())
+
+
+def test_checkpoint_restarts_when_asked_and_the_losses_agree(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
+    params = make_params(gpu_plan=[[0, 1], [0]], switch_at=[80], iterations=N, resize_in_place=False)
+    result, seen, _ = _run(params, "restart")
+    assert len(seen) == 2 and seen[0] is not seen[1]
+    assert [r.how for r in result.rescales] == ["restart"]
+    assert_same_trajectory(result.losses, reference())
+
+
+def test_a_rank_lost_during_a_resize_in_place_resumes_from_the_last_checkpoint(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
+    interval = 20
+    params = make_params(gpu_plan=[[0, 1], [0, 1, 2]], switch_at=[50], iterations=N, checkpoint_interval=interval)
+    killed: list[int] = []
+
+    def hook(segment: RunningSegment) -> None:
+        if len(segment.gpus) == 3 and not killed:  # just regrouped: the newcomer is joining
+            killed.append(segment.pids[-1])
+            os.kill(segment.pids[-1], signal.SIGKILL)
+
+    result = run_training(params, "lost", segment_hook=hook)
+    assert killed and result.status == "completed" and result.restarts == 1
+    assert [s.reason for s in result.segments] == ["target", "crashed", "target", "completed"]
+    resumed = result.segments[2]
+    assert resumed.start_iteration == 40 and not resumed.in_place  # the newest checkpoint before the resize
+    assert_same_trajectory(result.losses, reference())
+
+
+def test_a_stop_while_paused_saves_where_the_ranks_stand(
+    make_params: Callable[..., TrainParameters], reference: Any, tmp_path: Path
+) -> None:
+    """Parked at a resize (none of its GPUs stay): the paused ranks save and
+    exit before the run goes on elsewhere from that checkpoint."""
+    params = make_params(gpu_plan=[[0], [1]], switch_at=[70], iterations=N, checkpoint_interval=1000)
+    result, seen, pids = _run(params, "moved")
+    assert len(seen) == 2 and seen[0] is not seen[1]
+    assert [r.how for r in result.rescales] == ["restart"]
+    assert result.segments[0].checkpoint_iteration == 70 and result.segments[1].start_iteration == 70
+    assert not process_alive(pids[0][0])
+    assert progress_iterations(seen[1].dir)[0] == 71  # type: ignore[attr-defined]
+    assert_same_trajectory(result.losses, reference())
+
+
+def test_a_resize_in_place_racing_a_termination_leaves_no_process(
+    make_params: Callable[..., TrainParameters]
+) -> None:
+    """SIGTERM on the flow process (a cancellation) just as the ranks regroup:
+    survivors, newcomers and leavers are all gone when the run returns."""
+    params = make_params(gpu_plan=[[0, 1], [0, 2, 3]], switch_at=[30], iterations=N, checkpoint_interval=10)
+    pids: set[int] = set()
+    received: list[int] = []
+
+    def hook(segment: RunningSegment) -> None:
+        pids.update(segment.pids)
+        if len(segment.gpus) == 3 and not received:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        result = run_training(params, "raced", segment_hook=hook)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert received == [signal.SIGTERM]
+    assert result.status == "preempted" and result.iterations < N
+    assert len(pids) == 4 and not [p for p in pids if process_alive(p)]
+    assert CheckpointStorage(params.checkpoint_store).iterations("raced")

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elasticflow_block.storage import CheckpointStorage
+from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
 from flows.training.control import FileControlChannel
 from flows.training.datasets import load_dataset
 from flows.training.models import build_model, per_sample_loss
@@ -37,7 +37,7 @@ from flows.training.orders import RankOrder, StandbyOrder
 from flows.training.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
 from flows.training.regroup import Next, await_next, result_file, write_private
 from flows.training.sampler import batch_indices, micro_batches, shard_bounds
-from flows.training.saving import Saves
+from flows.training.saving import Saves, cpu_copy
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
 from flows.training.supervision import PROGRESS_FILE, ProgressLine
 
@@ -157,6 +157,7 @@ class Worker:
         on in it, or leave), or save where it stands. Every
         rank acts alike: one that did not get the word (asked to stop,
         orphaned, told nothing in time) makes them all save."""
+        self.settled()  # a rank 0 that leaves takes no half-written save along
         word = await_next(self.dir, self.round, go_on=lambda: not _terminated and not _orphaned())
         regroup = torch.tensor([float(word is not None and word.action == "regroup")], device=self.device)
         dist.all_reduce(regroup, op=dist.ReduceOp.MIN)
@@ -206,15 +207,17 @@ class Worker:
                 return "save_failed"
             time.sleep(min(self.saves.retry_s, 5.0))
 
-    def checkpoint(self) -> bool:
-        """Rank 0 saves; False if the store refused (saving.py says what then)."""
+    def checkpoint(self, background: bool = False) -> bool:
+        """Rank 0 saves (in the background: from a copy, saving.py); False if
+        the store refused (saving.py says what then)."""
         if self.rank != 0:
             return True
+        self.saves.join()
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "iteration": self.iteration,
-            "history": self.history,
+            "history": list(self.history),
             "rng": rng_state(),
             "data": {
                 "seed": self.spec.hyperparameters.seed,
@@ -223,16 +226,27 @@ class Worker:
             },
             "meta": {"model": self.spec.model, "world_size": self.world, "saved_at": time.time()},
         }
+        if background:  # the next step updates the parameters and the optimizer's state in place
+            self.saves.save_later(self.iteration, cpu_copy(state), self._saved)
+            return True
         info = self.saves.save(self.iteration, state)
         if info is None:
             return False
-        self.timings.save_s.append(info.seconds)
-        self.last_checkpoint = self.iteration
+        self._saved(info)
         return True
+
+    def _saved(self, info: CheckpointInfo) -> None:
+        self.timings.save_s.append(info.seconds)
+        self.last_checkpoint = info.iteration
+
+    def settled(self) -> None:
+        """What was saved is known: the background save in flight is done."""
+        self.saves.join()
 
     def checkpoint_together(self) -> tuple[bool, bool]:
         """Rank 0 saves where every rank stands, unless it just did; all learn
         (saved, give up): only rank 0 knows whether its last save worked."""
+        self.settled()
         saved = self.rank != 0 or self.last_checkpoint == self.iteration or self.checkpoint()
         verdict = torch.tensor([float(saved), float(self.saves.exhausted)], dtype=torch.float64, device=self.device)
         dist.broadcast(verdict, src=0)
@@ -330,7 +344,7 @@ class Worker:
             if flags[3] > 0:
                 return "save_failed"
             if self.iteration % spec.checkpoint_interval == 0:
-                self.checkpoint()
+                self.checkpoint(background=True)
             if flags[1] > 0 or flags[2] > 0:
                 self.timings.stop_seen_t = now
                 return "terminated" if flags[2] > 0 else "stopped"
@@ -339,6 +353,7 @@ class Worker:
     def report(self, start_iteration: int, reason: StopReason) -> None:
         if self.rank != 0:
             return
+        self.settled()
         self.timings.end_t = time.time()
         result = SegmentResult(
             gpus=self.order.gpus,

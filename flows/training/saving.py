@@ -11,13 +11,22 @@ save works: what the ranks did is only given up once it is on disk. After
 MAX_FAILURES saves in a row have failed, the run ends with that error rather
 than train on with nothing to fall back to; it is never sent back to an
 older checkpoint for a failure that was the store's.
+
+Periodic saves are written in the background (`save_later`), from a copy of
+the state taken at the iteration boundary: the training loop does not wait
+for the file, and what is saved is that iteration's state whatever the loop
+does meanwhile. One is in flight at a time; every synchronous save (a stop,
+the end) and every read of what was saved waits for it first (`join`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
 
@@ -37,6 +46,27 @@ class Saves:
         self.failures = 0  # in a row
         self.error: str | None = None  # the last failure's, until a save works
         self.retry_at = 0.0  # a refused stop is reconsidered from then on
+        self._pending: threading.Thread | None = None  # the background save in flight
+
+    def save_later(self, iteration: int, state: dict[str, Any], done: Callable[[CheckpointInfo], None]) -> None:
+        """`save` in a thread, `done` with its info if the store took it; after
+        the one in flight, if any (a store slower than the interval slows the
+        loop down rather than pile copies up)."""
+        self.join()
+
+        def work() -> None:
+            info = self.save(iteration, state)
+            if info is not None:
+                done(info)
+
+        self._pending = threading.Thread(target=work, name=f"checkpoint-{iteration}", daemon=True)
+        self._pending.start()
+
+    def join(self) -> None:
+        """Until the background save in flight, if any, is done."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
 
     def save(self, iteration: int, state: dict[str, Any]) -> CheckpointInfo | None:
         """The checkpoint at `iteration`, or None if the store refused it."""
@@ -60,3 +90,14 @@ class Saves:
 
     def may_retry(self) -> bool:
         return time.time() >= self.retry_at
+
+
+def cpu_copy(state: Any) -> Any:
+    """`state` with every tensor copied to the CPU, for a save in the background."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: cpu_copy(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(cpu_copy(value) for value in state)
+    return state

@@ -20,11 +20,15 @@ Measures what a resize costs and checks it changes nothing:
 Goals: rescale_s <= 2 x (save_s + load_s) + start_s; max_loss_rel_diff <= 1e-3;
 save_s < 1 s; inplace_ratio <= 0.25 and inplace_max_loss_rel_diff <= 1e-3.
 Prints a few lines, then one JSON object as the last line.
-Run: .venv/bin/python bench/rescale.py
+Run: .venv/bin/python bench/rescale.py [--device cuda]
+(on CUDA, NCCL wants one rank per GPU: the plan is half the GPUs -> all -> one,
+so at least 2 GPUs; the same figures, with NCCL communicators re-formed and
+the survivors' CUDA contexts kept)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import statistics
@@ -45,8 +49,19 @@ SWITCH_AT = [9, 13]  # the first long enough for the 4-slot set's standbys to im
 PLAN = [[0, 1], [0, 1, 2, 3], [0]]
 
 
+def plan_for(device: str) -> list[list[int]]:
+    if device == "cpu":
+        return PLAN
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < 2:
+        raise SystemExit(f"--device cuda needs at least 2 GPUs (NCCL: one rank per GPU); {count} here")
+    return [list(range(count // 2)), list(range(count)), [0]]
+
+
 def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
-          in_place: bool = False) -> tuple[TrainResult, float]:
+          in_place: bool = False, device: str = "cpu") -> tuple[TrainResult, float]:
     params = TrainParameters(
         model="resnet",
         dataset={"name": "synthetic-images", "options": {"size": 256}},
@@ -57,7 +72,7 @@ def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
         checkpoint_interval=1000,  # only the rescale checkpoints: that is what is measured
         checkpoint_store=str(root / "checkpoints"),
         control_dir=str(root / "control"),
-        device="cpu",
+        device=device,  # type: ignore[arg-type]
         resize_in_place=in_place,
     )
     start = time.perf_counter()
@@ -65,13 +80,17 @@ def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
     return result, time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    args = parser.parse_args(argv)
+    plan = plan_for(args.device)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="elasticflow-bench-") as tmp:
         root = Path(tmp)
-        resized, resized_wall = train(PLAN, SWITCH_AT, root, "resized")
-        in_place, in_place_wall = train(PLAN, SWITCH_AT, root, "in-place", in_place=True)
-        steady, steady_wall = train([[0, 1]], [], root, "steady")
+        resized, resized_wall = train(plan, SWITCH_AT, root, "resized", device=args.device)
+        in_place, in_place_wall = train(plan, SWITCH_AT, root, "in-place", in_place=True, device=args.device)
+        steady, steady_wall = train([plan[0]], [], root, "steady", device=args.device)
     assert resized.status == steady.status == in_place.status == "completed", (resized.status, steady.status)
     assert [r.how for r in in_place.rescales] == ["in_place"] * len(SWITCH_AT), in_place.rescales
     in_place_rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(in_place.losses, steady.losses)]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch
 
 from elasticflow_block import CheckpointStorage
 from flows.training.params import TrainParameters
@@ -124,3 +125,17 @@ def test_a_resize_in_place_racing_a_termination_leaves_no_process(
     assert result.status == "preempted" and result.iterations < N
     assert len(pids) == 4 and not [p for p in pids if process_alive(p)]
     assert CheckpointStorage(params.checkpoint_store).iterations("raced")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL: one rank per GPU); this "
+                    "machine has none: the NCCL path is then unchecked here (bench/rescale.py --device cuda)")
+def test_on_cuda_survivors_keep_their_context_and_nccl_is_formed_again(
+    make_params: Callable[..., TrainParameters], reference: Any
+) -> None:
+    params = make_params(gpu_plan=[[0], [0, 1], [1]], switch_at=[80, 160], iterations=N, device="cuda",
+                         checkpoint_interval=1000)
+    result, seen, _ = _run(params, "cuda")
+    assert result.status == "completed" and all(s is seen[0] for s in seen)
+    assert [r.how for r in result.rescales] == ["in_place", "in_place"]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(result.losses, reference()))
+    assert worst <= 1e-3, f"CUDA against the CPU reference: {worst:.2e}"

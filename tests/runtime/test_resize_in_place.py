@@ -42,7 +42,8 @@ def test_ranks_that_stay_keep_their_process_and_the_losses_are_the_never_resized
     make_params: Callable[..., TrainParameters], reference: Any, plan: list[list[int]], kept: list[list[int]]
 ) -> None:
     switch_at = [80, 160][: len(plan) - 1]
-    params = make_params(gpu_plan=plan, switch_at=switch_at, iterations=N, checkpoint_interval=1000)
+    params = make_params(gpu_plan=plan, switch_at=switch_at, iterations=N, checkpoint_interval=1000,
+                         resize_in_place=True)
     result, seen, pids = _run(params, "in-place")
     assert result.status == "completed" and result.restarts == 0
     assert len(seen) == len(plan) and all(s is seen[0] for s in seen)  # one segment, resized
@@ -71,7 +72,8 @@ def test_a_rank_lost_during_a_resize_in_place_resumes_from_the_last_checkpoint(
     make_params: Callable[..., TrainParameters], reference: Any
 ) -> None:
     interval = 20
-    params = make_params(gpu_plan=[[0, 1], [0, 1, 2]], switch_at=[50], iterations=N, checkpoint_interval=interval)
+    params = make_params(gpu_plan=[[0, 1], [0, 1, 2]], switch_at=[50], iterations=N, checkpoint_interval=interval,
+                         resize_in_place=True)
     killed: list[int] = []
 
     def hook(segment: RunningSegment) -> None:
@@ -92,7 +94,8 @@ def test_a_stop_while_paused_saves_where_the_ranks_stand(
 ) -> None:
     """Parked at a resize (none of its GPUs stay): the paused ranks save and
     exit before the run goes on elsewhere from that checkpoint."""
-    params = make_params(gpu_plan=[[0], [1]], switch_at=[70], iterations=N, checkpoint_interval=1000)
+    params = make_params(gpu_plan=[[0], [1]], switch_at=[70], iterations=N, checkpoint_interval=1000,
+                         resize_in_place=True)
     result, seen, pids = _run(params, "moved")
     assert len(seen) == 2 and seen[0] is not seen[1]
     assert [r.how for r in result.rescales] == ["restart"]
@@ -107,7 +110,8 @@ def test_a_resize_in_place_racing_a_termination_leaves_no_process(
 ) -> None:
     """SIGTERM on the flow process (a cancellation) just as the ranks regroup:
     survivors, newcomers and leavers are all gone when the run returns."""
-    params = make_params(gpu_plan=[[0, 1], [0, 2, 3]], switch_at=[30], iterations=N, checkpoint_interval=10)
+    params = make_params(gpu_plan=[[0, 1], [0, 2, 3]], switch_at=[30], iterations=N, checkpoint_interval=10,
+                         resize_in_place=True)
     pids: set[int] = set()
     received: list[int] = []
 
@@ -133,7 +137,7 @@ def test_on_cuda_survivors_keep_their_context_and_nccl_is_formed_again(
     make_params: Callable[..., TrainParameters], reference: Any
 ) -> None:
     params = make_params(gpu_plan=[[0], [0, 1], [1]], switch_at=[80, 160], iterations=N, device="cuda",
-                         checkpoint_interval=1000)
+                         checkpoint_interval=1000, resize_in_place=True)
     result, seen, _ = _run(params, "cuda")
     assert result.status == "completed" and all(s is seen[0] for s in seen)
     assert [r.how for r in result.rescales] == ["in_place", "in_place"]

@@ -11,6 +11,15 @@ iteration, together with the loss, so every rank stops at the same boundary.
 A training step does not know whether it is about to be resized: it always
 computes the gradient of the mean loss over the same global batch, split over
 however many workers there are (see `sampler`).
+
+A segment launched in place lives on across resizes (regroup.py): the same
+process pauses, forms the next round's group, and trains on.
+
+One module for the process and its `Worker`, over 400 lines: the signal
+flags (`_terminated`, `_stop_asked`, `_parent_pid`) that the process entry
+sets and the Worker reads are module state that `standby.py` (forks) and
+`ray_actor.py` (actors) reach by this module's name; splitting them off is
+its own change, with those two.
 """
 
 from __future__ import annotations

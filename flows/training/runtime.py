@@ -249,11 +249,11 @@ def run_training(
 
     def launch(spec: SegmentSpec, gpus: list[int], standby: int, on_progress: ProgressCallback) -> SegmentResult:
         nonlocal trained, live
-        paused, live = live, None
-        segment = paused if paused is not None and paused.regroup(spec, gpus) else None
-        if segment is None:
-            if paused is not None:  # none of its GPUs stay, or a rank is gone: from its checkpoint
-                run.released(paused.release())
+        paused = live
+        if paused is not None and paused.regroup(spec, gpus):
+            segment, live = paused, None
+        else:  # none of its GPUs stay, or a rank is gone: from its checkpoint
+            release()
             segment = ranks.segment(spec, gpus, run.where)
         run.acknowledge()  # the ranks that leave are gone: their GPUs may go to others
         termination.segment = segment

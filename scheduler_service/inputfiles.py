@@ -13,7 +13,7 @@ import csv
 from pathlib import Path
 from typing import Iterator
 
-from scheduler_service.policy.topology import Topology
+from scheduler_service.policy.topology import AnyTopology, MixedTopology, Topology
 
 CLUSTER_COLUMNS = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
 
@@ -52,14 +52,17 @@ def csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         raise InputError(path, None, None, "not a text CSV file") from None
 
 
-def load_cluster(path: Path) -> Topology:
-    """The topology in the first row of a cluster file."""
+def load_cluster(path: Path) -> AnyTopology:
+    """The topology of a cluster file: its first row, or, with a `gpu_kind`
+    column, one pool per row (a cluster of several GPU kinds, in the order
+    given; `cluster_speeds` reads the rest of such a file)."""
     path = Path(path)
     rows = csv_rows(path)
     _, header = next(rows)
     for name in CLUSTER_COLUMNS:
         if name not in header:
             raise InputError(path, 1, name, "missing column")
+    kinds: list[tuple[str, Topology]] = []
     for number, row in rows:
         values = {}
         for name in CLUSTER_COLUMNS:
@@ -68,7 +71,41 @@ def load_cluster(path: Path) -> Topology:
             except (TypeError, ValueError):
                 raise InputError(path, number, name, f"not an integer: {row[name]!r}") from None
         try:
-            return Topology(values["num_switch"], values["num_node_p_switch"], values["num_gpu_p_node"])
+            topology = Topology(values["num_switch"], values["num_node_p_switch"], values["num_gpu_p_node"])
         except ValueError as exc:
             raise InputError(path, number, None, str(exc)) from None
-    raise InputError(path, None, None, "no cluster row")
+        if "gpu_kind" not in header:
+            return topology
+        kind = (row.get("gpu_kind") or "").strip()
+        if not kind:
+            raise InputError(path, number, "gpu_kind", "empty: name the GPU kind of this pool (e.g. A100)")
+        if kind in dict(kinds):
+            raise InputError(path, number, "gpu_kind", f"{kind} is listed twice: one row per kind")
+        kinds.append((kind, topology))
+    if not kinds:
+        raise InputError(path, None, None, "no cluster row")
+    return MixedTopology.of(kinds)
+
+
+def cluster_speeds(path: Path) -> dict[str, float]:
+    """A mixed cluster file's `relative_speed` per kind, where given: how fast
+    a GPU of that kind trains, relative to the others, for a model measured
+    on some kinds only (an operator's estimate; the service measures its own)."""
+    path = Path(path)
+    rows = csv_rows(path)
+    _, header = next(rows)
+    if "relative_speed" not in header or "gpu_kind" not in header:
+        return {}
+    speeds: dict[str, float] = {}
+    for number, row in rows:
+        text = (row.get("relative_speed") or "").strip()
+        if not text:
+            continue
+        try:
+            speed = float(text)
+        except ValueError:
+            raise InputError(path, number, "relative_speed", f"not a number: {text!r}") from None
+        if not speed > 0:
+            raise InputError(path, number, "relative_speed", f"must be positive, got {text}")
+        speeds[(row.get("gpu_kind") or "").strip()] = speed
+    return speeds

@@ -52,8 +52,9 @@ from scheduler_service.loop.events import (
 )
 from scheduler_service.loop.run import LoopRun, RunView
 from scheduler_service.loop.start_cost import StartCost
-from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, Topology, make_policy
+from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.policy.topology import AnyTopology, kind_of
 from scheduler_service.policy.registry import DEFAULT_POLICY
 
 # Hysteresis: at risk when the projection comes within the margin of the
@@ -86,15 +87,15 @@ class LoopSettings(BaseModel):
                                per_level_s=own.per_level_s)
 
 
-def policy_maker(settings: LoopSettings, **options: object) -> Callable[[Topology], SchedulingPolicy]:
+def policy_maker(settings: LoopSettings, **options: object) -> Callable[[AnyTopology], SchedulingPolicy]:
     """The policy for a topology, made anew when the cluster changes."""
     return lambda topology: make_policy(settings.policy, topology, interval=settings.interval_s,
                                         overhead=settings.charged, **options)
 
 
 class ControlLoop:
-    def __init__(self, topology: Topology, settings: LoopSettings,
-                 policy_for: Callable[[Topology], SchedulingPolicy] | None = None) -> None:
+    def __init__(self, topology: AnyTopology, settings: LoopSettings,
+                 policy_for: Callable[[AnyTopology], SchedulingPolicy] | None = None) -> None:
         self.settings = settings
         self._policy_for = policy_for or policy_maker(settings)
         self.policy = self._policy_for(topology)
@@ -110,7 +111,7 @@ class ControlLoop:
         self.wake_at: float | None = None  # when the last plan's policy wants to be asked again
 
     @property
-    def topology(self) -> Topology:
+    def topology(self) -> AnyTopology:
         return self.policy.topology
 
     # -- events ----------------------------------------------------------------
@@ -161,7 +162,7 @@ class ControlLoop:
 
     def _replan_as_adopted(self, run: LoopRun) -> None:
         if run.phase == RunPhase.RUNNING:
-            self.policy.placer.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
+            self.policy.hold(run.run_id, run.commanded or run.held)  # stay put if the width holds
         self.arrivals.append(run)
 
     def _find(self, run_id: str) -> LoopRun | None:
@@ -257,7 +258,8 @@ class ControlLoop:
         elapsed = now - self.last_slot * clock.interval
         arrivals, self.arrivals = self.arrivals, []
         gone, self.gone = self.gone, []
-        status = {run.run_id: run.status(clock.overhead(len(run.commanded)), now, elapsed)
+        status = {run.run_id: run.status(clock.overhead(len(run.commanded)), now, elapsed,
+                                         kind_of(self.topology, run.commanded[0]) if run.commanded else "")
                   for run in [*self.runs.values(), *arrivals] if not run.stopping}
         started = time.perf_counter()
         reply = self.policy.schedule(SchedulingRequest(now=now, arrivals=[r.job for r in arrivals], finished=gone,
@@ -279,7 +281,10 @@ class ControlLoop:
             elif decision is not None:
                 actions.append(self._rejected(run, decision, now, seconds))
         for run_id, run in self.runs.items():
-            run.retarget(reply.placement.gpus(run_id) if reply.allocation.get(run_id, 0) else ())
+            gpus = reply.placement.gpus(run_id) if reply.allocation.get(run_id, 0) else ()
+            if gpus:
+                run.on_kind(kind_of(self.topology, gpus[0]))
+            run.retarget(gpus)
         for run_id, finish in reply.projected_finish.items():
             if run_id in self.runs:
                 self.runs[run_id].planned(finish)

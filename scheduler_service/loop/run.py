@@ -229,6 +229,13 @@ class LoopRun:
         self.job = replace(self.job, curve=type(curve)({g: v * ratio for g, v in base.items()}))
         return True
 
+    def on_kind(self, kind: str) -> None:
+        """Placed on GPUs of `kind`: planned with its curve there from now on
+        (the speed it showed elsewhere says nothing about this kind)."""
+        if kind and kind != self.job.kind and kind in self.job.kinds:
+            self.job = self.job.on(kind)
+            self.speed_ratio = 1.0
+
     def observe(self) -> bool:
         """Once a slot: take in the speed it shows; True if that moved its curve."""
         gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
@@ -256,7 +263,7 @@ class LoopRun:
     def flag_risk(self, at_risk: bool) -> None:
         self.at_risk = at_risk
 
-    def status(self, overhead: float, now: float, since_boundary_s: float) -> JobStatus:
+    def status(self, overhead: float, now: float, since_boundary_s: float, kind: str = "") -> JobStatus:
         """Where it stands for a plan starting at the current slot's boundary
         (a plan made mid-slot counts the whole slot as usable). A running run
         gets back the work it did since the boundary. One not running yet
@@ -270,7 +277,7 @@ class LoopRun:
         gpus = len(self.commanded)
         overhead_left = max(0.0, overhead - (now - self.since)) if gpus else 0.0
         credit = curve.speed(gpus) * since_boundary_s if gpus else 0.0
-        return JobStatus(max(0.0, self.job.iterations - self.iteration + credit), gpus, overhead_left)
+        return JobStatus(max(0.0, self.job.iterations - self.iteration + credit), gpus, overhead_left, kind)
 
     def projected_finish(self, now: float) -> float | None:
         """Its own measured rate once it has shown one for a while; until then

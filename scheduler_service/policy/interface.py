@@ -75,6 +75,11 @@ class SchedulingPolicy(ABC):
     @abstractmethod
     def schedule(self, request: SchedulingRequest) -> SchedulingReply: ...
 
+    def hold(self, job_id: str, gpus: tuple[int, ...]) -> bool:
+        """Keep a running job where it is (a restarted service adopting it)
+        unless its width changes; False if those GPUs cannot be held."""
+        return self.placer.hold(job_id, gpus)
+
     def speed(self, job: Job, gpus: int) -> float:
         """Iterations/s the job makes on `gpus` GPUs as this policy runs it: the
         curve, unless the policy changes how jobs train (Pollux's batch size)."""

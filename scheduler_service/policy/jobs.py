@@ -7,7 +7,7 @@ files, the service) validate with pydantic before building them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 
@@ -63,7 +63,9 @@ class Job:
     `deadline` is absolute seconds on the same clock as `submit_time`; None
     makes the job best-effort (always admitted, never reserved).
     `requested_gpus` is what a server-centric user would have asked for: the
-    baselines use it, ElasticFlow ignores it.
+    baselines use it, ElasticFlow ignores it. On a cluster of several GPU
+    kinds, `curves` holds the job's curve on each kind it can run on and
+    `curve` is the one on `kind`, where it is planned now (`on`).
     """
 
     job_id: str
@@ -74,10 +76,25 @@ class Job:
     requested_gpus: int = 1
     model: str = ""
     batch_size: int = 0
+    kind: str = ""
+    curves: tuple[tuple[str, ThroughputCurve], ...] = ()
 
     @property
     def best_effort(self) -> bool:
         return self.deadline is None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(kind for kind, _ in self.curves)
+
+    def on(self, kind: str) -> "Job":
+        """The job as planned on `kind`, with that kind's curve."""
+        if kind == self.kind:
+            return self
+        for name, curve in self.curves:
+            if name == kind:
+                return replace(self, kind=kind, curve=curve)
+        raise KeyError(f"job {self.job_id} has no throughput curve on {kind}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +102,12 @@ class JobStatus:
     """Where a job stands now: what is left and what it runs on.
 
     `overhead_left` is the part of a restart still being paid (seconds in
-    which the job holds GPUs but makes no progress).
+    which the job holds GPUs but makes no progress). `kind` is the GPU kind
+    of what it holds, on a cluster of several: a job whose GPUs are of
+    another kind than it is planned on starts afresh there.
     """
 
     remaining: float
     gpus: int = 0
     overhead_left: float = 0.0
+    kind: str = ""

@@ -15,7 +15,8 @@ from scheduler_service.policy import baselines
 from scheduler_service.policy.elasticflow import ElasticFlowNoAdmission, ElasticFlowPolicy
 from scheduler_service.policy.interface import SchedulingPolicy
 from scheduler_service.policy.overload import ElasticFlowOverload
-from scheduler_service.policy.topology import Topology
+from scheduler_service.policy.kinds import KindOrder, KindsPolicy
+from scheduler_service.policy.topology import AnyTopology, MixedTopology
 
 
 def _discover() -> dict[str, type[SchedulingPolicy]]:
@@ -39,10 +40,18 @@ POLICIES: dict[str, type[SchedulingPolicy]] = _discover()
 DEFAULT_POLICY: str = ElasticFlowOverload.name
 
 
-def make_policy(name: str, topology: Topology, interval: float = 60.0, **options: object) -> SchedulingPolicy:
-    """Build a policy; `options` are policy-specific (see simulator/options.py)."""
+def make_policy(name: str, topology: AnyTopology, interval: float = 60.0, *, kind_moves: bool = False,
+                kind_order: KindOrder = KindOrder.SLOWEST_FIRST, **options: object) -> SchedulingPolicy:
+    """Build a policy; `options` are policy-specific (see simulator/options.py).
+    On a cluster of several GPU kinds, the policy plans each kind and
+    `KindsPolicy` chooses the kind of each job (`kind_order`: which first;
+    `kind_moves`: whether it may move an admitted job to another kind to
+    admit a newcomer)."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    if isinstance(topology, MixedTopology):
+        return KindsPolicy(topology, lambda pool: factory(pool, interval=interval, **options), kind_order,
+                           moves=kind_moves)
     return factory(topology, interval=interval, **options)

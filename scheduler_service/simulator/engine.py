@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from scheduler_service.policy.interface import Decision, SchedulingPolicy, SchedulingRequest
 from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.topology import kind_of
 
 # A job whose remaining work is below this fraction of its total is done:
 # float rounding must not keep it alive for one more tick.
@@ -36,6 +37,7 @@ class JobRecord:
     start: float | None = None  # first tick with GPUs (its restart overhead follows)
     finish: float | None = None
     gpu_seconds: float = 0.0
+    kind_seconds: dict[str, float] = field(default_factory=dict)  # GPU-seconds by GPU kind, on a mixed cluster
     restarts: int = 0
     peak_gpus: int = 0
 
@@ -55,6 +57,13 @@ class Run:
     capacity: int = 0
     wall_s: float = 0.0
     ticks: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # GPUs by kind, on a mixed cluster
+
+
+def kinds_of(topology: object) -> dict[str, int]:
+    """GPUs by kind of a mixed cluster ({} for one kind)."""
+    pools = getattr(topology, "pools", ())
+    return {p.kind: p.topology.num_gpus for p in pools}
 
 
 class Deadlock(RuntimeError):
@@ -84,14 +93,15 @@ def simulate(
 
     while next_arrival < n or active:
         ticks += 1
-        _advance(active, last, now, finished, policy.speed)
+        _advance(active, last, now, finished, policy.speed, lambda gpu: kind_of(policy.topology, gpu))
         for job_id in finished:
             active.pop(job_id, None)
         arrivals = []
         while next_arrival < n and pending[next_arrival].submit_time <= now:
             arrivals.append(pending[next_arrival])
             next_arrival += 1
-        status = {j: JobStatus(r.remaining, r.gpus, r.overhead_left) for j, r in active.items()}
+        status = {j: JobStatus(r.remaining, r.gpus, r.overhead_left,
+                               kind_of(policy.topology, r.block[0]) if r.block else "") for j, r in active.items()}
         reply = policy.schedule(SchedulingRequest(now, arrivals, finished, status))
         finished = []
         for decision in reply.decisions:
@@ -132,11 +142,12 @@ def simulate(
         last, now = now, max(min(candidates), now + interval)
 
     return Run(policy.name, list(records.values()), usage, policy.topology.num_gpus,
-               time.perf_counter() - started, ticks)
+               time.perf_counter() - started, ticks, kinds_of(policy.topology))
 
 
 def _advance(
-    active: dict[str, JobRecord], start: float, end: float, finished: list[str], rate: Callable[[Job, int], float]
+    active: dict[str, JobRecord], start: float, end: float, finished: list[str], rate: Callable[[Job, int], float],
+    kind: Callable[[int], str],
 ) -> None:
     """Run every active job at its width over [start, end)."""
     span = end - start
@@ -146,9 +157,11 @@ def _advance(
         gpus = record.gpus
         if not gpus:
             continue
+        held_before, on = record.gpu_seconds, kind(record.block[0]) if record.block else ""
         if record.overhead_left >= span:
             record.overhead_left -= span
             record.gpu_seconds += gpus * span
+            _count_kind(record, on, held_before)
             continue
         speed = rate(record.job, gpus)
         productive = span - record.overhead_left
@@ -163,3 +176,9 @@ def _advance(
             record.remaining -= speed * productive
             record.gpu_seconds += gpus * span
         record.overhead_left = 0.0
+        _count_kind(record, on, held_before)
+
+
+def _count_kind(record: JobRecord, kind: str, held_before: float) -> None:
+    if kind:
+        record.kind_seconds[kind] = record.kind_seconds.get(kind, 0.0) + record.gpu_seconds - held_before

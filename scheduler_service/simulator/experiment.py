@@ -7,11 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from scheduler_service.policy import Job, Topology
+from scheduler_service.policy import Job
 from scheduler_service.policy.overhead import NO_OVERHEAD, PAPER_OVERHEAD
 from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
-from scheduler_service.simulator.inputs import InputError, load_cluster, load_throughputs, load_trace
+from scheduler_service.inputfiles import cluster_speeds
+from scheduler_service.policy.topology import AnyTopology, MixedTopology
+from scheduler_service.simulator.inputs import (
+    InputError, curves_for_trace, is_folder_of_kinds, load_cluster, load_kind_throughputs, load_throughputs,
+    load_trace, on_kinds,
+)
 from scheduler_service.simulator.metrics import Actuation, PolicyResult, summarize
 from scheduler_service.simulator.options import policy_options
 from scheduler_service.simulator.service import ServiceOptions, simulate_service
@@ -36,12 +41,41 @@ def resolve(path: str | Path, kind: str) -> Path:
     return given  # let the loader report it, naming what was asked for
 
 
-def simulate_policy(jobs: Sequence[Job], topology: Topology, name: str, interval: float, throughputs: Path,
+def load_jobs(trace: Path, cluster: Path, throughputs: Path) -> tuple[list[Job], AnyTopology, str | None]:
+    """The trace's jobs on the cluster, and a note on curves that were derived
+    (a mixed cluster: one folder of curves per kind, `--throughputs data/throughputs`)."""
+    topology = load_cluster(cluster)
+    kinds = is_folder_of_kinds(throughputs)
+    if not isinstance(topology, MixedTopology):
+        if kinds:
+            raise InputError(throughputs, None, None, "a folder of GPU kinds needs a mixed cluster file (a gpu_kind "
+                                                      "column, one row per kind); give one kind's folder, e.g. "
+                                                      f"{Path(throughputs) / 'A100'}")
+        return load_trace(trace, load_throughputs(throughputs)), topology, None
+    if not kinds:
+        raise InputError(throughputs, None, None, f"a mixed cluster ({', '.join(topology.kinds)}) needs a folder "
+                                                  "with one folder of curves per kind (e.g. data/throughputs)")
+    by_kind = load_kind_throughputs(throughputs)
+    missing = [k for k in topology.kinds if k not in by_kind]
+    if missing:
+        raise InputError(throughputs, None, None, f"no curves for GPU kind {missing[0]} (found: {', '.join(by_kind)})")
+    jobs, derived = on_kinds(load_trace(trace, curves_for_trace(by_kind, topology)), by_kind, topology,
+                             cluster_speeds(cluster))
+    said = [f"{n} on {kind}" for kind, n in derived.items() if n]
+    note = (f"curves scaled by the cluster file's relative_speed for jobs whose model was not measured there: "
+            f"{', '.join(said)}") if said else None
+    return jobs, topology, note
+
+
+def simulate_policy(jobs: Sequence[Job], topology: AnyTopology, name: str, interval: float, throughputs: Path,
                     actuation: Actuation, service: ServiceOptions | None = None,
-                    on_progress: Callable[[int, int], None] | None = None) -> tuple[Run, str | None]:
+                    on_progress: Callable[[int, int], None] | None = None,
+                    kind_moves: bool = False) -> tuple[Run, str | None]:
     """One policy over the jobs, through the service's loop or bare; and
     what the policy wants readers to know (a fallback it used)."""
-    options = policy_options(name, throughputs)
+    options: dict[str, object] = dict(policy_options(name, throughputs))
+    if isinstance(topology, MixedTopology):
+        options["kind_moves"] = kind_moves
     if actuation in ("ideal", "authors"):
         overhead = PAPER_OVERHEAD if actuation == "ideal" else NO_OVERHEAD
         policy = make_policy(name, topology, interval, overhead=overhead, **options)
@@ -71,9 +105,7 @@ class Experiment:
     ) -> tuple[list[Run], list[PolicyResult]]:
         if self.interval <= 0:
             raise InputError("--interval", None, None, "the scheduling interval must be positive")
-        curves = load_throughputs(self.throughputs)
-        topology = load_cluster(self.cluster)
-        jobs = load_trace(self.trace, curves)
+        jobs, topology, derived = load_jobs(self.trace, self.cluster, self.throughputs)
         runs, results = [], []
         for name in policies:
             for actuation in self.actuations:
@@ -83,5 +115,6 @@ class Experiment:
                                             self.service, progress)
                 runs.append(run)
                 result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
+                note = "; ".join(n for n in (note, derived) if n) or None
                 results.append(result.model_copy(update={"note": note}))
         return runs, results

@@ -7,11 +7,14 @@ and nothing is simulated from a half-read input.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
+from typing import Mapping
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from scheduler_service.policy.jobs import Job, ThroughputCurve
+from scheduler_service.policy.topology import MixedTopology
 # Cluster files are read by the worker too: their loader (and the shared error) live below both.
 from scheduler_service.inputfiles import InputError, load_cluster  # noqa: F401  (re-exported)
 from scheduler_service.inputfiles import csv_rows as _rows
@@ -78,6 +81,59 @@ def load_throughputs(directory: Path) -> dict[tuple[str, int], ThroughputCurve]:
     if not curves:
         raise InputError(directory, None, None, "no throughput CSV files with positive values")
     return curves
+
+
+Curves = dict[tuple[str, int], ThroughputCurve]
+
+
+def is_folder_of_kinds(directory: Path) -> bool:
+    """A throughputs folder holding one folder of curves per GPU kind (A100/, T4/)."""
+    directory = Path(directory)
+    return directory.is_dir() and not any(directory.glob("*.csv")) and any(directory.glob("*/*.csv"))
+
+
+def load_kind_throughputs(directory: Path) -> dict[str, Curves]:
+    """Curves by GPU kind, from DIR/KIND/MODEL.csv."""
+    directory = Path(directory)
+    return {sub.name: load_throughputs(sub) for sub in sorted(directory.iterdir()) if any(sub.glob("*.csv"))}
+
+
+def curves_for_trace(by_kind: Mapping[str, Curves], topology: MixedTopology) -> Curves:
+    """One curve per (model, batch) to read a trace with: the first kind of
+    the cluster that measured it."""
+    merged: Curves = {}
+    for kind in reversed(topology.kinds):
+        merged.update(by_kind.get(kind, {}))
+    return merged
+
+
+def on_kinds(jobs: list[Job], by_kind: Mapping[str, Curves], topology: MixedTopology,
+             speeds: Mapping[str, float]) -> tuple[list[Job], dict[str, int]]:
+    """The jobs with their curve on every kind of the cluster they can run
+    on: the measured one, or, for a kind with a `relative_speed` that never
+    measured the model, the first measuring kind's curve scaled by the two
+    kinds' speeds (an estimate: its scaling shape is the measured kind's).
+    Also how many jobs got a derived curve, by kind."""
+    derived = dict.fromkeys(topology.kinds, 0)
+    out = []
+    for job in jobs:
+        key = (job.model, job.batch_size)
+        measured = [k for k in topology.kinds if key in by_kind.get(k, {})]
+        curves = []
+        for kind in topology.kinds:
+            if kind in measured:
+                curves.append((kind, by_kind[kind][key]))
+                continue
+            base = next((k for k in measured if k in speeds), None)
+            if base is None or kind not in speeds:
+                continue
+            factor = speeds[kind] / speeds[base]
+            points = {g: v * factor for g, v in by_kind[base][key].points.items()}
+            curves.append((kind, ThroughputCurve(points)))
+            derived[kind] += 1
+        first_kind, first_curve = curves[0]
+        out.append(replace(job, kind=first_kind, curve=first_curve, curves=tuple(curves)))
+    return out, derived
 
 
 def _pick(row: dict[str, str], *names: str) -> tuple[str, str | None]:

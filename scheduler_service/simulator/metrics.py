@@ -31,6 +31,7 @@ class PolicyResult(BaseModel):
     admitted_missed: int  # admitted deadline jobs that still missed
     avg_jct_s: float | None  # finished jobs, submit to finish
     gpu_utilization: float  # GPU-seconds held / (GPUs x makespan)
+    use_by_kind: dict[str, float] = {}  # the same, per GPU kind of a mixed cluster
     makespan_s: float
     restarts: int
     ticks: int
@@ -52,12 +53,14 @@ def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 
     end = max((r.finish for r in finished), default=start)  # type: ignore[type-var]
     makespan = max(end - start, 1e-9)
     held = sum(r.gpu_seconds for r in records)
+    use_by_kind = {kind: sum(r.kind_seconds.get(kind, 0.0) for r in records) / (gpus * makespan)
+                   for kind, gpus in run.kinds.items()}
     return PolicyResult(
         policy=run.policy, actuation=actuation, trace=trace, cluster=cluster, interval_s=interval_s,
         jobs=len(records), deadline_jobs=len(deadline), best_effort_jobs=len(records) - len(deadline),
         met_deadline=met, deadline_ratio=met / len(deadline) if deadline else 1.0,
         admitted=len(admitted), rejected=len(rejected), admitted_missed=admitted_missed,
         avg_jct_s=sum(jct) / len(jct) if jct else None,
-        gpu_utilization=held / (run.capacity * makespan) if run.capacity else 0.0,
+        gpu_utilization=held / (run.capacity * makespan) if run.capacity else 0.0, use_by_kind=use_by_kind,
         makespan_s=makespan, restarts=sum(r.restarts for r in records), ticks=run.ticks, wall_s=run.wall_s,
     )

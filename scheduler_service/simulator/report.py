@@ -15,16 +15,20 @@ from scheduler_service.simulator.metrics import PolicyResult
 
 
 def results_table(results: Sequence[PolicyResult], title: str = "") -> Table:
+    """One row a policy; on a mixed cluster, the use of each GPU kind too."""
     table = Table(title=title or None)
+    kinds = list(dict.fromkeys(k for r in results for k in r.use_by_kind))
     for name, justify in [("policy", "left"), ("actuation", "left"), ("ratio", "right"), ("met", "right"),
                           ("admit", "right"), ("reject", "right"), ("adm.miss", "right"),
-                          ("JCT h", "right"), ("util", "right"), ("wall s", "right")]:
+                          ("JCT h", "right"), ("util", "right"), *((f"util {k}", "right") for k in kinds),
+                          ("wall s", "right")]:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
         table.add_row(
             r.policy, r.actuation, f"{r.deadline_ratio:.3f}", f"{r.met_deadline}/{r.deadline_jobs}", str(r.admitted),
             str(r.rejected), str(r.admitted_missed),
             "-" if r.avg_jct_s is None else f"{r.avg_jct_s / 3600:.2f}", f"{r.gpu_utilization:.2f}",
+            *(f"{r.use_by_kind[k]:.2f}" if k in r.use_by_kind else "-" for k in kinds),
             f"{r.wall_s:.2f}",
         )
     return table

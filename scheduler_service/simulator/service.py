@@ -37,7 +37,8 @@ from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, 
 from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
 from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
 from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead
-from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run
+from scheduler_service.policy.topology import AnyTopology, kind_of
+from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, kinds_of
 
 IDLE_SLOTS = 1000  # slots with runs waiting and nothing in flight or to come: a deadlock
 
@@ -90,12 +91,16 @@ class Process:
     since: float = 0.0
     alive: bool = False
     finish_at: float | None = None  # when it will have done them all, at its speed
+    kind: str = ""  # of its GPU set, on a mixed cluster
 
     def advance(self, now: float) -> None:
         """Train from `since` to `now`, and count the GPUs held meanwhile."""
         if now <= self.since:
             return
         self.record.gpu_seconds += self.held * (now - self.since)
+        if self.kind:
+            seconds = self.record.kind_seconds
+            seconds[self.kind] = seconds.get(self.kind, 0.0) + self.held * (now - self.since)
         start = max(self.since, self.productive_from)
         if self.gpus and now > start:
             self.done = min(self.record.job.iterations, self.done + self.speed * (now - start))
@@ -110,7 +115,8 @@ class Backend:
     """The runs' processes: commands take the time a real one would, runs train and finish."""
 
     def __init__(self, settings: LoopSettings, speed_of: Callable[[Job, int], float], launch_s: float,
-                 actuation: Actuation) -> None:
+                 actuation: Actuation, kind_of: Callable[[int], str] = lambda gpu: "") -> None:
+        self.kind_of = kind_of
         self.overhead = settings.overhead  # a run's own restart, as it really takes (the plans charge more)
         self.speed_of = speed_of  # the policy's: it may change how a job trains (Pollux's batch size)
         self.launch_s = launch_s  # the start-cost model's: a new run takes at least this to train
@@ -180,6 +186,7 @@ class Backend:
             process.held = len(set(command.gpus) | set(process.gpus))
             self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, command.gpus))
         process.gpus, process.speed = command.gpus, self.speed_of(process.record.job, gpus) * self._slower()
+        process.kind = self.kind_of(command.gpus[0]) if command.gpus else ""
         process.productive_from, process.finish_at = now + delay, None
         first_iteration = process.productive_from + 1.0 / max(process.speed, 1e-9)
         self.later(first_iteration, command.run_id, None)  # seen
@@ -222,15 +229,16 @@ class Backend:
         return bool(self._events) or bool(self.alive)
 
 
-def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSettings,
+def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopSettings,
                      actuation: Actuation = Actuation(),
-                     policy_for: Callable[[Topology], SchedulingPolicy] | None = None,
+                     policy_for: Callable[[AnyTopology], SchedulingPolicy] | None = None,
                      on_progress: Callable[[int, int], None] | None = None) -> Run:
     """Every job through the service's control loop; what happened to each."""
     started = time.perf_counter()
     loop = ControlLoop(topology, settings, policy_for)
     policy, clock = loop.policy, loop.policy.clock
-    backend = Backend(settings, policy.speed, loop.start_cost.launch_s, actuation)
+    backend = Backend(settings, policy.speed, loop.start_cost.launch_s, actuation,
+                      lambda gpu: kind_of(topology, gpu))
     def heard(job: Job) -> float:
         if actuation.arrivals_at_boundaries:
             return clock.slot_after(job.submit_time) * clock.interval
@@ -283,7 +291,8 @@ def simulate_service(jobs: Sequence[Job], topology: Topology, settings: LoopSett
             break
         now = max(min(candidates), now + 1e-6)
 
-    return Run(policy.name, list(records.values()), usage, topology.num_gpus, time.perf_counter() - started, steps)
+    return Run(policy.name, list(records.values()), usage, topology.num_gpus, time.perf_counter() - started, steps,
+               kinds_of(topology))
 
 
 def _decision(action: Admitted | Rejected) -> Decision:

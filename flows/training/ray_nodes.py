@@ -1,9 +1,12 @@
-"""The Ray cluster as ElasticFlow plans it: alike nodes, each a power of two GPUs.
+"""The Ray cluster as ElasticFlow plans it: pools of alike nodes, one per GPU kind.
 
-Ray reports nodes and their resources; buddy placement needs every node to hold
-the same power-of-two number of GPUs (on a CPU-only node: the worker slots it
-declared as the `elasticflow_slots` resource). A node that does not fit is left
-out, with the reason, rather than bending the topology. Both the service (its
+Ray reports nodes and their resources; buddy placement needs every node of a
+kind to hold the same power-of-two number of GPUs (on a CPU-only node: the
+worker slots it declared as the `elasticflow_slots` resource). A node's kind
+is the `elasticflow_kind:NAME` resource its operator declared, else the
+`accelerator_type:NAME` Ray detects on a GPU node, else one unnamed kind. A
+node that does not fit is left out, with the reason, rather than bending the
+topology. Both the service (its
 cluster) and a run's coordinating process (a fixed GPU plan without a
 scheduler) read the cluster through here, so they number GPUs alike.
 
@@ -26,6 +29,8 @@ from flows.training.control import GpuSlot
 log = logging.getLogger("elasticflow.ray")  # a flow process forwards `elasticflow.*` to the run's Prefect logs
 
 SLOTS_RESOURCE = "elasticflow_slots"  # worker slots a CPU-only node offers (`ray start --resources`)
+KIND_RESOURCE = "elasticflow_kind:"  # + NAME: the node's GPU kind, as its operator declares it
+RAY_KIND_RESOURCE = "accelerator_type:"  # + NAME: the GPU kind Ray detects on a GPU node
 RAY_ADDRESS_ENV = "ELASTICFLOW_RAY_ADDRESS"  # the worker's setting: the Ray cluster its runs' ranks run on
 NAMESPACE = "elasticflow"  # the Ray namespace of the rank actors
 # Ray rewrites 127.0.0.1 to the host's outside address unless told it is one
@@ -99,6 +104,7 @@ class RayNode:
     ip: str
     gpus: int
     device: Literal["cuda", "cpu"]
+    kind: str = ""  # "" on a cluster whose nodes name no kind
 
     def slots(self) -> list[GpuSlot]:
         return [GpuSlot(node=self.node_id, name=self.name, ip=self.ip, index=i) for i in range(self.gpus)]
@@ -114,11 +120,21 @@ def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def read_nodes(raw: Iterable[dict[str, Any]]) -> tuple[list[RayNode], list[Excluded]]:
-    """The usable live nodes, in the order given, and the others with why.
+def kind_of(resources: dict[str, Any]) -> str:
+    """The node's GPU kind: declared, else detected by Ray, else ""."""
+    for prefix in (KIND_RESOURCE, RAY_KIND_RESOURCE):
+        named = sorted(key[len(prefix):] for key in resources if key.startswith(prefix) and len(key) > len(prefix))
+        if named:
+            return named[0]
+    return ""
 
-    GPU nodes win over CPU-slot nodes (a run does not mix devices); among them,
-    the most common size wins (the larger on a tie)."""
+
+def read_nodes(raw: Iterable[dict[str, Any]]) -> tuple[list[RayNode], list[Excluded]]:
+    """The usable live nodes, grouped by kind (kinds by name, nodes in the
+    order given), and the others with why.
+
+    GPU nodes win over CPU-slot nodes (a run does not mix devices); among the
+    nodes of one kind, the most common size wins (the larger on a tie)."""
     candidates: list[RayNode] = []
     excluded: list[Excluded] = []
     for entry in raw:
@@ -136,19 +152,28 @@ def read_nodes(raw: Iterable[dict[str, Any]]) -> tuple[list[RayNode], list[Exclu
             excluded.append(Excluded(name, f"{gpus} GPUs: buddy placement needs a power of two per node"))
             continue
         candidates.append(RayNode(entry["NodeID"], name, str(entry.get("NodeManagerAddress", "")), gpus,
-                                  device))  # type: ignore[arg-type]
+                                  device, kind_of(resources)))  # type: ignore[arg-type]
     if any(n.device == "cuda" for n in candidates):
         for node in [n for n in candidates if n.device == "cpu"]:
             excluded.append(Excluded(node.name, "CPU worker slots beside GPU nodes: a run does not mix devices"))
         candidates = [n for n in candidates if n.device == "cuda"]
-    if not candidates:
-        return [], excluded
-    counts = Counter(n.gpus for n in candidates)
-    size = max(counts, key=lambda g: (counts[g], g))
-    for node in [n for n in candidates if n.gpus != size]:
-        excluded.append(Excluded(node.name, f"{node.gpus} GPUs where the others have {size}: "
-                                            "buddy placement needs alike nodes"))
-    return [n for n in candidates if n.gpus == size], excluded
+    kept: list[RayNode] = []
+    for kind in sorted({n.kind for n in candidates}):
+        alike = [n for n in candidates if n.kind == kind]
+        counts = Counter(n.gpus for n in alike)
+        size = max(counts, key=lambda g: (counts[g], g))
+        others = f"the other {kind} nodes" if kind else "the others"
+        for node in [n for n in alike if n.gpus != size]:
+            excluded.append(Excluded(node.name, f"{node.gpus} GPUs where {others} have {size}: "
+                                                "buddy placement needs alike nodes of a kind"))
+        kept += [n for n in alike if n.gpus == size]
+    return kept, excluded
+
+
+def kind_major(nodes: list[RayNode]) -> list[RayNode]:
+    """The nodes grouped by kind (kinds by name), keeping their order within
+    a kind: GPU ids number the pools one after the other."""
+    return sorted(nodes, key=lambda n: n.kind)
 
 
 def rank_actor_name(run_key: str, n: int) -> str:
@@ -161,8 +186,8 @@ def is_rank_actor_of(name: str, run_key: str) -> bool:
 
 
 def by_name(nodes: list[RayNode]) -> list[RayNode]:
-    """A stable order for a cluster nobody has numbered yet."""
-    return sorted(nodes, key=lambda n: (n.name, n.node_id))
+    """A stable order for a cluster nobody has numbered yet (kind-major)."""
+    return sorted(nodes, key=lambda n: (n.kind, n.name, n.node_id))
 
 
 def slots_of(nodes: list[RayNode], gpus: Iterable[int]) -> list[GpuSlot]:

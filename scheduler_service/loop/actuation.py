@@ -78,14 +78,18 @@ def not_worth_a_restart(run: LoopRun, restart_s: Callable[[int], float]) -> bool
     return left_s <= restart
 
 
-def free_block(runs: Iterable[LoopRun], reserved: set[int], num_gpus: int, largest: int) -> tuple[int, ...]:
-    """The largest aligned power-of-two block, at most `largest` GPUs, that no
-    run holds or is placed on and nothing reserved: () if none."""
+def free_block(runs: Iterable[LoopRun], reserved: set[int], pools: Iterable[tuple[int, int]],
+               largest: int) -> tuple[int, ...]:
+    """The largest aligned power-of-two block, at most `largest` GPUs, inside
+    one of `pools` ((first GPU, GPUs): one GPU kind each), that no run holds
+    or is placed on and nothing reserved: () if none."""
     busy = reserved | {g for r in runs if r.phase != RunPhase.FINISHED for g in (*r.held, *r.target)}
-    size = floor_pow2(min(largest, num_gpus))
+    pools = list(pools)
+    size = floor_pow2(min(largest, max(n for _, n in pools)))
     while size >= 1:
-        for start in range(0, num_gpus - size + 1, size):
-            if not busy & set(range(start, start + size)):
-                return tuple(range(start, start + size))
+        for first, num_gpus in pools:
+            for start in range(first, first + num_gpus - size + 1, size):
+                if not busy & set(range(start, start + size)):
+                    return tuple(range(start, start + size))
         size //= 2
     return ()

@@ -54,7 +54,7 @@ from scheduler_service.loop.run import LoopRun, RunView
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
-from scheduler_service.policy.topology import AnyTopology, kind_of
+from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_of
 from scheduler_service.policy.registry import DEFAULT_POLICY
 
 # Hysteresis: at risk when the projection comes within the margin of the
@@ -346,7 +346,10 @@ class ControlLoop:
     def free_block(self, largest: int) -> tuple[int, ...]:
         """The largest aligned power-of-two block of at most `largest` GPUs
         that nobody holds, is placed on or has reserved: () if none."""
-        return free_block(self.runs.values(), self._reserved_gpus(), self.topology.num_gpus, largest)
+        topology = self.topology
+        pools = [(p.first_gpu, p.topology.num_gpus) for p in topology.pools] \
+            if isinstance(topology, MixedTopology) else [(0, topology.num_gpus)]
+        return free_block(self.runs.values(), self._reserved_gpus(), pools, largest)
 
     def gpu_map(self) -> dict[int, str]:
         """Who holds each GPU: a run's id, or `service:<what>`."""

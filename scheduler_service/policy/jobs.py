@@ -87,10 +87,17 @@ class Job:
     def kinds(self) -> tuple[str, ...]:
         return tuple(kind for kind, _ in self.curves)
 
+    def runs_on(self, kind: str) -> bool:
+        return kind == self.kind or kind in self.kinds or not (self.kind or self.curves)
+
     def on(self, kind: str) -> "Job":
-        """The job as planned on `kind`, with that kind's curve."""
+        """The job as planned on `kind`, with that kind's curve. A job whose
+        curve names no kind (measured where kinds were not told apart) has
+        that one curve on every kind."""
         if kind == self.kind:
             return self
+        if not self.curves and not self.kind:
+            return replace(self, kind=kind)
         for name, curve in self.curves:
             if name == kind:
                 return replace(self, kind=kind, curve=curve)

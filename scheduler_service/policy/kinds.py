@@ -47,7 +47,7 @@ def share_of_pool(job: Job, pool: Pool) -> float | None:
     """The least GPU-seconds an iteration of `job` costs on `pool`, over the
     pool's GPUs: the fraction of that kind the job's work takes at its most
     efficient width. None if the job cannot run there."""
-    if job.kind != pool.kind and pool.kind not in job.kinds:
+    if not job.runs_on(pool.kind):
         return None
     curve = job.on(pool.kind).curve
     levels = curve.capped(pool.topology.max_job_gpus)
@@ -200,7 +200,7 @@ class KindsPolicy(SchedulingPolicy):
         room for later arrivals) after moving one admitted job off it, or None."""
         for here in full:
             movers = [j for j, k in self.kind.items() if k == here and self.jobs[j].deadline is not None
-                      and len(self.jobs[j].kinds) > 1 and j in status[here]]
+                      and any(self.jobs[j].runs_on(k) for k in self.inner if k != here) and j in status[here]]
             movers.sort(key=lambda j: (status[here][j].remaining, j))
             for mover in movers[:MOVES_TRIED]:
                 for there in self._order(self.jobs[mover]):

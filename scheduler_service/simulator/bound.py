@@ -86,7 +86,7 @@ def deadline_ratio_bound(jobs: Sequence[Job], topology: AnyTopology, grid_s: flo
     pairs: list[tuple[int, int, Job, float]] = []  # (job index, pool index, the job on that kind, need)
     for jdx, job in enumerate(deadline_jobs):
         for pdx, (kind, pool) in enumerate(pools):
-            if kind and kind != job.kind and kind not in job.kinds:
+            if kind and not job.runs_on(kind):
                 continue
             on = job.on(kind) if kind else job
             need = least_gpu_time(on, pool.max_job_gpus)

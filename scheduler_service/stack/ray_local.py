@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from flows.training.ray_nodes import RAY_LOOPBACK_ENV, SLOTS_RESOURCE, USAGE_STATS_ENV
+from flows.training.ray_nodes import KIND_RESOURCE, RAY_LOOPBACK_ENV, SLOTS_RESOURCE, USAGE_STATS_ENV
 
 LOCAL_PREFIX = "local:"
 
@@ -56,7 +56,11 @@ def check_reachable(address: str, timeout_s: float = 3.0) -> None:
 
 
 class LocalRayCluster:
-    def __init__(self, nodes: int, slots: int) -> None:
+    """Nodes of `slots` worker slots on loopback; with `kinds`, node i
+    declares kind `kinds[i]` (`elasticflow_kind:NAME`) and `kind_slots[i]`
+    slots, as an operator's mixed cluster would."""
+
+    def __init__(self, nodes: int, slots: int, kinds: tuple[str, ...] = (), kind_slots: tuple[int, ...] = ()) -> None:
         import os
 
         if "ray" in sys.modules and os.environ.get(RAY_LOOPBACK_ENV) != "0":
@@ -66,13 +70,18 @@ class LocalRayCluster:
         from ray.cluster_utils import Cluster
 
         self.slots = slots
+        self.kinds, self.kind_slots = kinds, kind_slots
         self.cluster = Cluster(initialize_head=True, head_node_args=self._node_args(0, head=True))
         self.nodes: list[Any] = [self.cluster.head_node]
         for i in range(1, nodes):
             self.add_node()
 
     def _node_args(self, index: int, head: bool = False) -> dict[str, Any]:
-        args: dict[str, Any] = dict(num_cpus=self.slots, num_gpus=0, resources={SLOTS_RESOURCE: self.slots},
+        slots = self.kind_slots[index] if index < len(self.kind_slots) else self.slots
+        resources: dict[str, float] = {SLOTS_RESOURCE: slots}
+        if index < len(self.kinds):
+            resources[KIND_RESOURCE + self.kinds[index]] = 1
+        args: dict[str, Any] = dict(num_cpus=slots, num_gpus=0, resources=resources,
                                     node_name=f"ray-node-{index}", node_ip_address="127.0.0.1",
                                     object_store_memory=96 * 1024**2)
         if head:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flows.training.control import GpuSlot
 from scheduler_service.policy.jobs import floor_pow2
-from scheduler_service.policy.topology import Topology
+from scheduler_service.policy.topology import AnyTopology, MixedTopology, Topology
 from scheduler_service.inputfiles import load_cluster
 
 CLUSTER_ENV = "ELASTICFLOW_CLUSTER"
@@ -29,7 +29,7 @@ DEFAULT_CLUSTER_FILE = Path(__file__).resolve().parents[2] / "infra" / "cluster.
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    topology: Topology
+    topology: AnyTopology
     device: str  # "cuda" or "cpu" (a "GPU" is then a worker slot)
     nodes: tuple[str, ...]  # node names, index = Topology.node_of(gpu)
     source: str
@@ -50,14 +50,25 @@ class Cluster:
         cluster from their own environment (`elasticflow status`)."""
         import json
 
-        per_node = self.topology.gpus_per_node
-        gpu_nodes = [self.nodes[g // per_node] for g in range(self.topology.num_gpus)]
+        gpu_nodes = [self.nodes[self.topology.node_of(g)] for g in range(self.topology.num_gpus)]
         home.mkdir(parents=True, exist_ok=True)
         tmp = home / ".cluster.json.tmp"
         tmp.write_text(json.dumps({"description": self.describe(), "source": self.source,
                                    "gpu_nodes": gpu_nodes,
                                    "left_out": [{"node": n, "why": why} for n, why in self.left_out]}))
         tmp.replace(home / "cluster.json")
+
+    def node_sizes(self) -> list[int]:
+        """GPUs of each node, in node order."""
+        pools = self.topology.pools if isinstance(self.topology, MixedTopology) else ()
+        if not pools:
+            return [self.topology.gpus_per_node] * self.topology.num_nodes  # type: ignore[union-attr]
+        return [p.topology.gpus_per_node for p in pools for _ in range(p.topology.num_nodes)]
+
+    def node_kinds(self) -> list[str]:
+        """The GPU kind of each node ("" where the cluster names none)."""
+        pools = self.topology.pools if isinstance(self.topology, MixedTopology) else ()
+        return [p.kind for p in pools for _ in range(p.topology.num_nodes)] or [""] * self.topology.num_nodes
 
     def nodes_of(self, gpus: list[int] | tuple[int, ...]) -> list[str]:
         return sorted({self.nodes[self.topology.node_of(g)] for g in gpus}, key=self.nodes.index)

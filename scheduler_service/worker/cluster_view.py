@@ -79,8 +79,11 @@ class ClusterView:
         self._retire({job.flow_run_id for job in jobs}, now)
         self._live = {job.flow_run_id: job for job in jobs}
         topology = self.cluster.topology
+        sizes, kinds = self.cluster.node_sizes(), self.cluster.node_kinds()
         return ClusterSnapshot(at=_dt(now), topology=topology.describe(), nodes=list(self.cluster.nodes),
-                               gpus_per_node=topology.gpus_per_node, jobs=[*jobs, *self.finished])
+                               gpus_per_node=max(sizes), jobs=[*jobs, *self.finished],
+                               node_gpus=sizes if len(set(sizes)) > 1 else [],
+                               node_kinds=kinds if any(kinds) else [])
 
     def ended(self, run_id: str, iteration: int, outcome: Outcome) -> None:
         """The run ended at `iteration`, as `outcome` says (contracts.outcome_of)."""

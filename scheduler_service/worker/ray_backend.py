@@ -26,15 +26,17 @@ from flows.training.ray_nodes import (
     connect,
     is_loopback,
     is_rank_actor_of,
+    kind_major,
     read_nodes,
 )
-from scheduler_service.policy.topology import Topology
+from scheduler_service.policy.topology import AnyTopology, MixedTopology, Topology
 from scheduler_service.worker.backend import FlowProcesses, Placement
 from scheduler_service.worker.cancellation import Stop, StopStep
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.settings import SettingsError
 
 log = logging.getLogger("prefect.workers.elasticflow.ray")
+DEFAULT_KIND = "unnamed"  # nodes that name no kind, beside some that do
 
 
 class RayBackend:
@@ -67,7 +69,7 @@ class RayBackend:
         known = {n.node_id: n for n in nodes}
         self.order = [i for i in self.order if i in known] + sorted(
             (i for i in known if i not in self.order), key=lambda i: (known[i].name, i))
-        ordered = [known[i] for i in self.order]
+        ordered = kind_major([known[i] for i in self.order])
         self._cluster = _as_cluster(ordered, self.address, tuple((n.name, n.reason) for n in excluded))
         return self._cluster
 
@@ -145,8 +147,16 @@ def _as_cluster(nodes: list[RayNode], address: str, left_out: tuple[tuple[str, s
     if not nodes:
         raise RuntimeError(f"the Ray cluster at {address} has no usable node (see the lines above); start GPU "
                            "nodes, or CPU nodes with --resources '{\"elasticflow_slots\": N}' (docs/ray.md)")
-    per_node = nodes[0].gpus
-    topology = Topology(1, len(nodes), per_node)
+    kinds = list(dict.fromkeys(n.kind for n in nodes))  # `nodes` are kind-major
+    topology: AnyTopology
+    if len(kinds) == 1:
+        topology = Topology(1, len(nodes), nodes[0].gpus)
+    else:
+        pools = []
+        for kind in kinds:
+            alike = [n for n in nodes if n.kind == kind]
+            pools.append((kind or DEFAULT_KIND, Topology(1, len(alike), alike[0].gpus)))
+        topology = MixedTopology.of(pools)
     slots = tuple(slot for node in nodes for slot in node.slots())
     return Cluster(topology, nodes[0].device, tuple(n.name for n in nodes), f"Ray cluster at {address}", slots,
                    left_out)

@@ -40,18 +40,24 @@ class JobView(BaseModel):
 
 
 class ClusterSnapshot(BaseModel):
-    """The cluster at one moment. GPU `g` lives on node `nodes[g // gpus_per_node]`
-    (GPU ids are node-major, as in `Topology`)."""
+    """The cluster at one moment. GPU ids are node-major, as in `Topology`:
+    `gpus_per_node` each, or, on a cluster of kinds with nodes of different
+    sizes, `node_gpus[i]` on node i."""
 
     at: datetime
     topology: str  # e.g. Topology.describe()
     nodes: list[str]
     gpus_per_node: int = Field(ge=1)
     jobs: list[JobView] = Field(default_factory=list)
+    node_gpus: list[int] = Field(default_factory=list)  # empty: gpus_per_node on every node
+    node_kinds: list[str] = Field(default_factory=list)  # empty: one unnamed kind
+
+    def sizes(self) -> list[int]:
+        return self.node_gpus or [self.gpus_per_node] * len(self.nodes)
 
     @property
     def num_gpus(self) -> int:
-        return len(self.nodes) * self.gpus_per_node
+        return sum(self.sizes())
 
 
 class Outlook(str, Enum):
@@ -189,15 +195,21 @@ def _holders(snapshot: ClusterSnapshot) -> dict[int, list[str]]:
 def gpu_map_markdown(snapshot: ClusterSnapshot) -> str:
     """One row per node, one column per local GPU: `id holder`, or `id ·` when idle."""
     holders = _holders(snapshot)
-    per_node = snapshot.gpus_per_node
-    header = ["node"] + [f"GPU {i}" for i in range(per_node)]
+    sizes = snapshot.sizes()
+    header = ["node"] + [f"GPU {i}" for i in range(max(sizes, default=0))]
     rows = []
+    first = 0
     for index, node in enumerate(snapshot.nodes):
-        cells = [_cell(node)]
-        for local in range(per_node):
-            gpu = index * per_node + local
+        kind = snapshot.node_kinds[index] if index < len(snapshot.node_kinds) else ""
+        cells = [_cell(f"{node} ({kind})" if kind else node)]
+        for local in range(max(sizes)):
+            if local >= sizes[index]:
+                cells.append("")
+                continue
+            gpu = first + local
             names = holders.get(gpu)
             cells.append(f"`{gpu}` " + (_cell(" + ".join(names)) if names else "·"))
+        first += sizes[index]
         rows.append(cells)
     lines = [markdown_table(header, rows)]
     strays = sorted(g for g in holders if g >= snapshot.num_gpus)

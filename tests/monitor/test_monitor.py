@@ -134,6 +134,14 @@ def test_gpu_map_shows_each_node_and_the_holder_of_each_gpu() -> None:
     assert rows == [["a", "`0` fox", "`1` fox"], ["b", "`2` ·", "`3` owl"]]
 
 
+def test_gpu_map_of_two_kinds_shows_each_nodes_kind_and_its_own_number_of_gpus() -> None:
+    view = ClusterSnapshot(at=s(0), topology="A100 + T4", nodes=["big", "small"], gpus_per_node=4,
+                           node_gpus=[4, 2], node_kinds=["A100", "T4"], jobs=[job("fox", gpus=[4, 5])])
+    assert view.num_gpus == 6
+    rows = table_rows(gpu_map_markdown(view), "node")
+    assert rows == [["big (A100)", "`0` ·", "`1` ·", "`2` ·", "`3` ·"], ["small (T4)", "`4` fox", "`5` fox", "", ""]]
+
+
 def test_a_gpu_in_hand_over_shows_both_holders_and_gpus_outside_the_topology_are_not_hidden() -> None:
     view = snapshot(job("old", gpus=[0], deadline=s(10)), job("new", gpus=[0, 9], deadline=s(20)),
                     nodes=("solo",), per_node=2)

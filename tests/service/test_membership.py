@@ -89,3 +89,45 @@ def test_following_a_lost_node_tells_the_loop_where_every_gpu_went() -> None:
     assert change.gone == ["n1"] and change.joined == []
     assert change.event.mapping == {0: 0, 1: 1, 4: 2, 5: 3} and change.event.lost_nodes == ("n1",)
     assert change.event.topology.num_gpus == 4 and "lost n1; now" in change.describe()
+
+
+def kinded(name: str, kind: str, slots: int = 0, gpus: int = 0, detected: bool = False) -> dict[str, object]:
+    entry = node(name, gpus=gpus, slots=slots)
+    entry["Resources"][("accelerator_type:" if detected else "elasticflow_kind:") + kind] = 1.0  # type: ignore[index]
+    return entry
+
+
+def test_nodes_of_two_kinds_are_two_pools_and_every_node_is_used() -> None:
+    from scheduler_service.policy.topology import MixedTopology
+    from scheduler_service.worker.ray_backend import _as_cluster
+
+    raw = [kinded("t4-a", "T4", gpus=4, detected=True), kinded("a100-a", "A100", gpus=8, detected=True),
+           kinded("t4-b", "T4", gpus=4, detected=True), kinded("t4-odd", "T4", gpus=2, detected=True)]
+    nodes, excluded = read_nodes(raw)
+    assert [(n.name, n.kind) for n in nodes] == [("a100-a", "A100"), ("t4-a", "T4"), ("t4-b", "T4")]
+    assert [(e.name, e.reason) for e in excluded] == [
+        ("t4-odd", "2 GPUs where the other T4 nodes have 4: buddy placement needs alike nodes of a kind")]
+    cluster = _as_cluster(nodes, "ray://test")
+    assert isinstance(cluster.topology, MixedTopology)
+    assert cluster.describe() == "A100: 1 switch x 1 nodes x 8 GPUs = 8 GPUs + T4: 1 switch x 2 nodes x 4 GPUs = 8 GPUs"
+    assert [s.name for s in cluster.locate((7, 8, 12))] == ["a100-a", "t4-a", "t4-b"]  # type: ignore[union-attr]
+    assert cluster.node_sizes() == [8, 4, 4] and cluster.node_kinds() == ["A100", "T4", "T4"]
+
+
+def test_a_declared_kind_wins_over_the_detected_one_and_one_kind_is_todays_cluster() -> None:
+    from scheduler_service.worker.ray_backend import _as_cluster
+
+    entry = kinded("n0", "A100-80G", gpus=8)
+    entry["Resources"]["accelerator_type:A100"] = 1.0  # type: ignore[index]
+    nodes, _ = read_nodes([entry, kinded("n1", "A100-80G", gpus=8)])
+    assert {n.kind for n in nodes} == {"A100-80G"}
+    assert isinstance(_as_cluster(nodes, "ray://test").topology, Topology)  # one kind: one buddy tree, as before
+
+
+def test_one_node_of_each_kind_with_unequal_slots_are_both_used() -> None:
+    from scheduler_service.worker.ray_backend import _as_cluster
+
+    nodes, excluded = read_nodes([kinded("small", "B", slots=2), kinded("big", "A", slots=4)])
+    assert not excluded
+    assert _as_cluster(nodes, "ray://test").describe() == (
+        "A: 1 switch x 1 nodes x 4 GPUs = 4 GPUs + B: 1 switch x 1 nodes x 2 GPUs = 2 GPUs (CPU worker slots)")

@@ -92,6 +92,7 @@ class KindsPolicy(SchedulingPolicy):
             waiting[job.job_id] = self._order(job)
             tried[job.job_id] = []
             if not waiting[job.job_id]:
+                self.jobs.pop(job.job_id)
                 decisions[job.job_id] = Decision(
                     job_id=job.job_id, admitted=False, reason=RejectReason.NO_USABLE_GPU_COUNT,
                     message=f"no throughput curve of {job.model or 'this model'} on any GPU kind here "

@@ -148,3 +148,11 @@ def test_the_shipped_mixed_cluster_is_the_a100_nodes_beside_as_many_t4_nodes():
     data = Path(__file__).resolve().parents[2] / "data" / "clusters"
     topology = load_cluster(data / "mixed_n8g8_A100_n8g8_T4.csv")
     assert topology.describe() == "A100: 1 switch x 8 nodes x 8 GPUs = 64 GPUs + T4: 1 switch x 8 nodes x 8 GPUs = 64 GPUs"
+
+
+def test_a_job_measured_on_no_kind_of_the_cluster_is_told_so():
+    policy = make_policy("elasticflow", MIXED)
+    lone = Job("v100", 0.0, 100, 3600, FAST, kind="V100", curves=(("V100", FAST),))
+    (decision,) = policy.schedule(SchedulingRequest(0.0, [lone])).decisions
+    assert not decision.admitted and decision.reason is RejectReason.NO_USABLE_GPU_COUNT
+    assert "on any GPU kind here (A100, T4)" in decision.message and policy.jobs == {}

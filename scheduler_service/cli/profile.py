@@ -36,6 +36,9 @@ def profile(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda"),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="dataset (default: synthetic for the model)"),
     export: Optional[Path] = typer.Option(None, "--export", help="also write the model's curves as CSV"),
+    kind: str = typer.Option("", "--kind", help="the GPU kind measured here, as the cluster names it (e.g. T4: "
+                                                "the node's elasticflow_kind or accelerator_type); runs are then "
+                                                "planned with this curve on that kind only (docs/ray.md)"),
     database_url: Optional[str] = typer.Option(
         None, "--database-url", help="SQLAlchemy URL without a password (default: $ELASTICFLOW_DATABASE_URL, "
         "which may hold one, or SQLite)"
@@ -76,8 +79,8 @@ def profile(
     engine = get_engine(database_url)
     from flows.training.runtime import default_device
 
-    save_curve(model, batch_size, curve, device=default_device(device), engine=engine)
-    table = Table(title=f"{model} @ global batch {batch_size}")
+    save_curve(model, batch_size, curve, device=default_device(device), engine=engine, kind=kind.strip())
+    table = Table(title=f"{model} @ global batch {batch_size}" + (f" on {kind.strip()}" if kind.strip() else ""))
     table.add_column("GPUs", justify="right")
     table.add_column("iterations/s", justify="right")
     for count, rate in curve.items():

@@ -140,3 +140,8 @@ AnyTopology = Topology | MixedTopology
 def kind_of(topology: AnyTopology, gpu: int) -> str:
     """The GPU kind of `gpu` ("" on a cluster of one unnamed kind)."""
     return topology.kind_of(gpu) if isinstance(topology, MixedTopology) else ""
+
+
+def kinds_of(topology: AnyTopology) -> tuple[str, ...]:
+    """The named GPU kinds of a cluster of several (() for one kind)."""
+    return topology.kinds if isinstance(topology, MixedTopology) else ()

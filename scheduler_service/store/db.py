@@ -31,8 +31,9 @@ def _engine_for(url: str) -> Engine:
     connect_args = {"options": "-c timezone=UTC"} if url.startswith("postgresql") else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
     # Importing the table modules registers them on SQLModel.metadata.
-    from scheduler_service.store import throughput  # noqa: F401
+    from scheduler_service.store import throughput
 
+    throughput.upgrade(engine)
     _create_tables(engine)
     return engine
 

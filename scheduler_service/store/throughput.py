@@ -1,6 +1,8 @@
-"""Measured throughput curves: iterations/s by (model, global batch size, GPU count).
+"""Measured throughput curves: iterations/s by (model, global batch size, GPU kind, GPU count).
 
-`elasticflow profile` writes them; admission reads them with `get_curve`. The
+`elasticflow profile` writes them; admission reads them with `get_curve`
+(one kind) or `get_curves` (every kind measured). Kind "" is a curve measured
+where kinds were not told apart (this machine, or a store made before kinds). The
 CSV export has the shape of the shared tables in data/throughputs/: one row per
 global batch size, one column per power-of-two GPU count, 0 where not measured.
 """
@@ -16,17 +18,19 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, select
 
 CSV_GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+TABLE = "throughput_measurement"
 
 
 class ThroughputMeasurement(SQLModel, table=True):
     """One measured point of a model's throughput curve."""
 
-    __tablename__ = "throughput_measurement"
-    __table_args__ = (UniqueConstraint("model", "global_batch_size", "gpus", name="uq_throughput_point"),)
+    __tablename__ = TABLE
+    __table_args__ = (UniqueConstraint("model", "global_batch_size", "kind", "gpus", name="uq_throughput_kind_point"),)
 
     id: int | None = Field(default=None, primary_key=True)
     model: str = Field(index=True)
     global_batch_size: int = Field(index=True)
+    kind: str = Field(default="", index=True)
     gpus: int
     iterations_per_s: float
     device: str = "cpu"
@@ -39,10 +43,54 @@ def _engine(engine: Engine | None) -> Engine:
     return engine or get_engine()
 
 
+def upgrade(engine: Engine) -> None:
+    """A store made before curves were kept per GPU kind gets the `kind`
+    column (its curves become kind "") and the unique point per kind. SQLite
+    cannot drop a constraint, so there the table is rebuilt; each step is one
+    transaction, and a store already upgraded is left alone."""
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import DatabaseError
+
+    def upgraded() -> bool:
+        inspector = inspect(engine)
+        return not inspector.has_table(TABLE) or "kind" in {c["name"] for c in inspector.get_columns(TABLE)}
+
+    if upgraded():
+        return
+    try:
+        _add_kind(engine)
+    except DatabaseError:
+        if not upgraded():  # not another process upgrading it at the same moment
+            raise
+
+
+def _add_kind(engine: Engine) -> None:
+    from sqlalchemy import inspect, text
+
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {TABLE} ADD COLUMN kind VARCHAR NOT NULL DEFAULT ''"))
+            conn.execute(text(f"ALTER TABLE {TABLE} DROP CONSTRAINT IF EXISTS uq_throughput_point"))
+            conn.execute(text(f"ALTER TABLE {TABLE} ADD CONSTRAINT uq_throughput_kind_point "
+                              "UNIQUE (model, global_batch_size, kind, gpus)"))
+            conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{TABLE}_kind ON {TABLE} (kind)"))
+        return
+    old = f"{TABLE}_before_kinds"
+    columns = "model, global_batch_size, gpus, iterations_per_s, device, measured_at"
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {TABLE} RENAME TO {old}"))
+        for index in inspect(conn).get_indexes(old):
+            conn.execute(text(f'DROP INDEX IF EXISTS "{index["name"]}"'))
+        ThroughputMeasurement.__table__.create(conn)  # type: ignore[attr-defined]
+        conn.execute(text(f"INSERT INTO {TABLE} ({columns}, kind) SELECT {columns}, '' FROM {old}"))
+        conn.execute(text(f"DROP TABLE {old}"))
+
+
 def save_curve(
-    model: str, batch_size: int, curve: dict[int, float], device: str = "cpu", engine: Engine | None = None
+    model: str, batch_size: int, curve: dict[int, float], device: str = "cpu", engine: Engine | None = None,
+    kind: str = "",
 ) -> None:
-    """Store (replace) the measured points of one curve."""
+    """Store (replace) the measured points of one curve, on GPUs of `kind`."""
     if not curve:
         raise ValueError("an empty curve has nothing to store")
     with Session(_engine(engine)) as session:
@@ -50,6 +98,7 @@ def save_curve(
             select(ThroughputMeasurement).where(
                 ThroughputMeasurement.model == model,
                 ThroughputMeasurement.global_batch_size == batch_size,
+                ThroughputMeasurement.kind == kind,
                 ThroughputMeasurement.gpus.in_(list(curve)),  # type: ignore[attr-defined]
             )
         ).all()
@@ -64,20 +113,37 @@ def save_curve(
                     gpus=int(gpus),
                     iterations_per_s=float(rate),
                     device=device,
+                    kind=kind,
                 )
             )
         session.commit()
 
 
-def get_curve(model: str, batch_size: int, engine: Engine | None = None) -> dict[int, float] | None:
-    """GPU count -> iterations/s for (model, global batch size), or None if never profiled."""
+def get_curves(model: str, batch_size: int, engine: Engine | None = None) -> dict[str, dict[int, float]]:
+    """GPU kind -> (GPU count -> iterations/s) for (model, global batch size): every kind measured."""
     with Session(_engine(engine)) as session:
         rows = session.exec(
             select(ThroughputMeasurement).where(
                 ThroughputMeasurement.model == model, ThroughputMeasurement.global_batch_size == batch_size
             )
         ).all()
-    return {row.gpus: row.iterations_per_s for row in sorted(rows, key=lambda r: r.gpus)} or None
+    out: dict[str, dict[int, float]] = {}
+    for row in sorted(rows, key=lambda r: (r.kind, r.gpus)):
+        out.setdefault(row.kind, {})[row.gpus] = row.iterations_per_s
+    return out
+
+
+def get_curve(model: str, batch_size: int, engine: Engine | None = None, kind: str | None = None
+              ) -> dict[int, float] | None:
+    """GPU count -> iterations/s for (model, global batch size), or None if
+    never profiled: on `kind`, or, when no kind is asked, the curve of no
+    named kind, else the only kind's (a cluster of one kind)."""
+    curves = get_curves(model, batch_size, engine)
+    if kind is not None:
+        return curves.get(kind)
+    if "" in curves:
+        return curves[""]
+    return curves[min(curves)] if curves else None
 
 
 def batch_sizes(model: str, engine: Engine | None = None) -> list[int]:
@@ -99,6 +165,6 @@ def export_csv(model: str, path: str | Path, engine: Engine | None = None) -> Pa
         writer = csv.writer(fh)
         writer.writerow(["global_batch_size", *CSV_GPU_COUNTS])
         for size in sizes:
-            curve = get_curve(model, size, engine) or {}
+            curve = get_curve(model, size, engine) or {}  # one kind's: see get_curve
             writer.writerow([size, *[curve.get(g, 0) for g in CSV_GPU_COUNTS]])
     return out

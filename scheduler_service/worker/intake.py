@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from flows.training.control import FileControlChannel
 from scheduler_service.loop.events import Arrived
@@ -142,13 +142,40 @@ def usable_points(points: dict[int, float], batch_size: int, max_job_gpus: int) 
     return {g: s for g, s in points.items() if g <= limit and s > 0}
 
 
-def policy_job(run_id: str, submit_time: float, iterations: float, deadline: float | None,
-               points: dict[int, float], model: str, batch_size: int, max_job_gpus: int) -> Job:
-    """The policy's job for a flow run (a new one, or one adopted after a restart)."""
+def kind_curves(stored: Mapping[str, dict[int, float]], kinds: Sequence[str]) -> dict[str, dict[int, float]]:
+    """What a model is planned with on each kind of a cluster of several:
+    the curve measured on that kind, else the one measured where kinds were
+    not told apart (kind "": the worker's machine, or a store from before
+    kinds). A kind with neither is not offered to the model. {} on a cluster
+    of one kind (`kinds` empty)."""
+    return {kind: stored.get(kind) or stored[""] for kind in kinds if kind in stored or "" in stored}
+
+
+def one_curve(stored: Mapping[str, dict[int, float]]) -> dict[int, float] | None:
+    """The curve a cluster of one (unnamed) kind plans with: the unnamed one, else the first kind's."""
+    if "" in stored:
+        return stored[""]
+    return stored[min(stored)] if stored else None
+
+
+def _curve(points: dict[int, float], batch_size: int, max_job_gpus: int) -> ThroughputCurve:
     try:
-        curve = ThroughputCurve(usable_points(points, batch_size, max_job_gpus) or NO_SPEED)
+        return ThroughputCurve(usable_points(points, batch_size, max_job_gpus) or NO_SPEED)
     except ValueError:
-        curve = ThroughputCurve(NO_SPEED)
+        return ThroughputCurve(NO_SPEED)
+
+
+def policy_job(run_id: str, submit_time: float, iterations: float, deadline: float | None,
+               points: dict[int, float], model: str, batch_size: int, max_job_gpus: int,
+               by_kind: Mapping[str, dict[int, float]] | None = None) -> Job:
+    """The policy's job for a flow run (a new one, or one adopted after a
+    restart); on a cluster of several kinds, with its curve on each
+    (`by_kind`, from `kind_curves`)."""
+    curve = _curve(points, batch_size, max_job_gpus)
+    curves = tuple((kind, _curve(p, batch_size, max_job_gpus)) for kind, p in (by_kind or {}).items())
+    if curves:
+        return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=deadline,
+                   curve=curves[0][1], model=model, batch_size=batch_size, kind=curves[0][0], curves=curves)
     return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=deadline, curve=curve,
                model=model, batch_size=batch_size)
 
@@ -161,10 +188,12 @@ def new_run(run_id: str, name: str, request: Request, control_root: str, now: fl
                       taken_in_at=now, flow_run=flow_run, response=response, request=request)
 
 
-def arrival(run: ServiceRun, points: dict[int, float], max_job_gpus: int, now: float) -> Arrived:
-    """The run for the control loop to decide, with its throughput curve; its
-    job's deadline is the user's (the loop derives the plan deadline)."""
+def arrival(run: ServiceRun, points: dict[int, float], max_job_gpus: int, now: float,
+            by_kind: Mapping[str, dict[int, float]] | None = None) -> Arrived:
+    """The run for the control loop to decide, with its throughput curve (on
+    each kind, `by_kind`); its job's deadline is the user's (the loop
+    derives the plan deadline)."""
     request: Request = run.request
     job = policy_job(run.run_id, now, request.iterations, request.deadline, points, request.model,
-                     request.batch_size, max_job_gpus)
+                     request.batch_size, max_job_gpus, by_kind)
     return Arrived(run.run_id, job, run.taken_in_at)

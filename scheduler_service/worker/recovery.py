@@ -52,7 +52,7 @@ def found_in(flow_run: Any | None) -> Found:
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
-                now: float) -> tuple[ServiceRun, Adopted]:
+                now: float, by_kind: dict[str, dict[int, float]] | None = None) -> tuple[ServiceRun, Adopted]:
     """The run as the service keeps it, and as the loop must see it again: on
     the GPUs it may be using (acknowledged, or commanded and not acknowledged yet)."""
     channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
@@ -62,7 +62,7 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
     pending = command.seq if command and (ack is None or ack.seq < command.seq) else None
     deadline = None if row.deadline is None else aware(row.deadline).timestamp()
     job = policy_job(row.flow_run_id, aware(row.submitted_at).timestamp(), row.iterations, deadline, points,
-                     row.model, row.global_batch_size, max_job_gpus)
+                     row.model, row.global_batch_size, max_job_gpus, by_kind)
     running = found.running
     run = ServiceRun(row.flow_run_id, row.flow_run_name, channel, deadline, model=row.model,
                      iterations=row.iterations, taken_in_at=job.submit_time, foreign_process=running,
@@ -75,14 +75,16 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
 
 
 async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
-                  alive: Callable[[str | None, str], bool]) -> list[tuple[ServiceRun, Adopted]]:
+                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = ()
+                  ) -> list[tuple[ServiceRun, Adopted]]:
     """The runs to adopt; the store is brought up to date for the rest.
     `alive(infrastructure_id, run_id)` says whether a run's process is really
     there: Prefect still says `Running` of a run whose process died with the
     machine or the stack."""
     from prefect.exceptions import ObjectNotFound
 
-    from scheduler_service.store import get_curve
+    from scheduler_service.store import get_curves
+    from scheduler_service.worker.intake import kind_curves, one_curve
 
     adopted = []
     for row in store.jobs(phases=(RunPhase.ARRIVED, RunPhase.PROFILING, RunPhase.ADMITTED, RunPhase.RUNNING)):
@@ -107,8 +109,9 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
         if not found.running and not (found.scheduled and phase == RunPhase.ADMITTED):
             store.upsert_job(row.flow_run_id, RunPhase.ARRIVED)
             continue  # not decided yet: taken in again by the next poll
-        points = get_curve(row.model, row.global_batch_size) or {1: 1e-9}
-        run, event = adopted_run(row, found, control_root, points, max_job_gpus, now)
+        stored = get_curves(row.model, row.global_batch_size)
+        points = one_curve(stored) or {1: 1e-9}
+        run, event = adopted_run(row, found, control_root, points, max_job_gpus, now, kind_curves(stored, kinds))
         if found.running:  # as it stands: on its GPUs, not merely admitted
             store.upsert_job(row.flow_run_id, RunPhase.RUNNING, gpus=",".join(map(str, event.held)))
         adopted.append((run, event))

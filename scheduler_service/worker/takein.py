@@ -18,6 +18,7 @@ import anyio
 from scheduler_service.contracts import Rejection, RejectionReason
 from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import Ended
+from scheduler_service.policy.topology import kinds_of
 from scheduler_service.worker import intake
 from scheduler_service.worker.profiling import Profiler
 from scheduler_service.worker.registry import RunRegistry
@@ -93,7 +94,7 @@ class TakeIn:
             await self.reject(flow_run, f"{type(exc).__name__}: {exc}", now)
 
     async def _take_in(self, entry: Any, now: float) -> None:
-        from scheduler_service.store import get_curve
+        from scheduler_service.store import get_curves
 
         flow_run = entry.flow_run
         try:
@@ -108,9 +109,10 @@ class TakeIn:
                              flow_run=flow_run, response=entry)
         self.registry.add(run)
         self.reporter.taken_in(run, request.batch_size)
-        points = await anyio.to_thread.run_sync(get_curve, request.model, request.batch_size)
-        if points:
-            self.loop.handle(intake.arrival(run, points, self.loop.topology.max_job_gpus, now), now)
+        stored = await anyio.to_thread.run_sync(get_curves, request.model, request.batch_size)
+        points, by_kind = intake.one_curve(stored), intake.kind_curves(stored, kinds_of(self.loop.topology))
+        if points and (by_kind or not kinds_of(self.loop.topology)):
+            self.loop.handle(intake.arrival(run, points, self.loop.topology.max_job_gpus, now, by_kind), now)
             return
         self.profiler.wait_for(run)
         await self.reporter.profiling(run, now)

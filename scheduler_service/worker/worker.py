@@ -27,6 +27,7 @@ from flows.training.launch import LaunchSpec
 from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import CancelRequested, Ended, Event
+from scheduler_service.policy.topology import kinds_of
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import intake
 from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
@@ -134,7 +135,8 @@ class ElasticFlowWorker(ProcessWorker):
         """Adopt what an earlier life of the worker left running or admitted, and the cluster plot's recent past."""
         store, now = self.reporter.store, self.clock()
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
-                                        self.cluster.topology.max_job_gpus, now, self.backend.alive):
+                                        self.cluster.topology.max_job_gpus, now, self.backend.alive,
+                                        kinds_of(self.cluster.topology)):
             self.registry.add(run)
             await self.executor.apply(self.loop.handle(event, now), now)
             where = f"on GPUs {','.join(map(str, event.held))}" if event.running else "still waiting for GPUs"
@@ -203,7 +205,9 @@ class ElasticFlowWorker(ProcessWorker):
                 await self.reporter.rejected(outcome.run.run_id, outcome.run.flow_run, Rejection.of(
                     outcome.reason, outcome.message, None))
             else:
-                events.append(intake.arrival(outcome.run, outcome.points, self.loop.topology.max_job_gpus, now))
+                by_kind = intake.kind_curves({"": outcome.points}, kinds_of(self.loop.topology))
+                events.append(intake.arrival(outcome.run, outcome.points, self.loop.topology.max_job_gpus, now,
+                                             by_kind))
         for run_id in [e.run_id for e in events if isinstance(e, Ended)]:
             self.profiler.forget(run_id)
             if run_id not in views:  # never decided: nothing of it is the loop's

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from scheduler_service.cli import _register, app
-from scheduler_service.store import export_csv, get_curve, get_engine, save_curve
+from scheduler_service.store import export_csv, get_curve, get_curves, get_engine, save_curve
 
 
 def test_store_round_trip_and_csv_shape(tmp_path: Path) -> None:
@@ -46,6 +46,11 @@ def test_profile_command_stores_a_measured_curve(tmp_path: Path, monkeypatch: py
     assert all(rate > 0 for rate in curve.values())
     rows = list(csv.reader(open(out)))
     assert rows[1][0] == "16" and float(rows[1][1]) == pytest.approx(curve[1]) and rows[1][3] == "0"
+    # Measured on a node of a named kind: kept beside the first, for that kind only.
+    result = CliRunner().invoke(app, ["profile", "mlp", "--batch-size", "16", "--gpus", "1", "--iterations", "4",
+                                      "--kind", "T4"])
+    assert result.exit_code == 0 and "on T4" in result.output, result.output
+    assert set(get_curves("mlp", 16, get_engine(url))) == {"", "T4"}
 
 
 def test_profile_rejects_gpu_counts_that_are_not_powers_of_two() -> None:

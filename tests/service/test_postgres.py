@@ -47,3 +47,29 @@ def test_service_state_round_trips_on_postgresql(postgres_url: str, monkeypatch:
     assert rejected.earliest_feasible_deadline.replace(tzinfo=timezone.utc) == deadline + timedelta(hours=1)
     assert [(a.action, a.gpus) for a in store.allocations("run-1")] == [("launch", "0,1")]
     assert get_curve("mlp", 32) == {1: 20.0, 2: 36.0}
+
+
+def test_a_curve_store_from_before_kinds_is_upgraded_on_postgresql(postgres_url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    from scheduler_service.store import get_curves, get_engine, save_curve
+
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE before_kinds"))
+    admin.dispose()
+    url = postgres_url.rsplit("/", 1)[0] + "/before_kinds"
+    old = create_engine(url)
+    with old.begin() as conn:
+        conn.execute(text(
+            "CREATE TABLE throughput_measurement (id SERIAL PRIMARY KEY, model VARCHAR NOT NULL, "
+            "global_batch_size INTEGER NOT NULL, gpus INTEGER NOT NULL, iterations_per_s FLOAT NOT NULL, "
+            "device VARCHAR NOT NULL, measured_at TIMESTAMP NOT NULL, "
+            "CONSTRAINT uq_throughput_point UNIQUE (model, global_batch_size, gpus))"))
+        conn.execute(text("CREATE INDEX ix_throughput_measurement_model ON throughput_measurement (model)"))
+        conn.execute(text("INSERT INTO throughput_measurement (model, global_batch_size, gpus, iterations_per_s, "
+                          "device, measured_at) VALUES ('mlp', 32, 1, 10.0, 'cpu', now())"))
+    old.dispose()
+    engine = get_engine(url)
+    save_curve("mlp", 32, {1: 3.0}, engine=engine, kind="T4")
+    assert get_curves("mlp", 32, engine) == {"": {1: 10.0}, "T4": {1: 3.0}}

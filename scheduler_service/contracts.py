@@ -110,6 +110,7 @@ class RejectionReason(str, Enum):
     INSUFFICIENT_CAPACITY = "gpus_reserved_by_admitted_jobs"
     NO_USABLE_GPU_COUNT = "no_usable_gpu_count"
     WINDOW_IN_DEMAND = "window_too_busy_for_its_size"
+    UNKNOWN_TEAM = "unknown_team"
     REJECTED = "rejected"  # a policy that gave no reason (a baseline)
     UNKNOWN = "unknown"  # read back from a run whose state says no reason (an older service)
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from scheduler_service.policy.topology import AnyTopology, MixedTopology, Topology
+
+if TYPE_CHECKING:
+    from scheduler_service.policy.teams import Team
 
 CLUSTER_COLUMNS = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
 
@@ -109,3 +112,41 @@ def cluster_speeds(path: Path) -> dict[str, float]:
             raise InputError(path, number, "relative_speed", f"must be positive, got {text}")
         speeds[(row.get("gpu_kind") or "").strip()] = speed
     return speeds
+
+
+def load_teams(path: Path) -> tuple["Team", ...]:
+    """The teams of a teams file (YAML: `teams:`, a list of `name`, `share`,
+    and optional `borrowing_limit` and `lending_limit`, all GPUs)."""
+    import yaml
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    from scheduler_service.policy.teams import Team
+
+    class TeamSpec(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: str = Field(min_length=1)
+        share: int = Field(ge=0)
+        borrowing_limit: int | None = Field(None, ge=0)
+        lending_limit: int | None = Field(None, ge=0)
+
+    class TeamsFile(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        teams: list[TeamSpec] = Field(min_length=1)
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(path, None, None, f"not YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        parsed = TeamsFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"])
+        raise InputError(path, None, where or None, err["msg"]) from None
+    names = [t.name for t in parsed.teams]
+    if len(set(names)) != len(names):
+        raise InputError(path, None, "teams", f"team names must be distinct: {names}")
+    return tuple(Team(t.name, t.share, t.borrowing_limit, t.lending_limit) for t in parsed.teams)

@@ -97,12 +97,15 @@ def simulate(
                           "starts it sees, as the service does)"),
     noise: float = typer.Option(0.0, min=0, help="service: spread of delays and speeds (lognormal sigma)"),
     seed: int = typer.Option(0, help="service: the noise's seed"),
+    teams: Optional[Path] = typer.Option(
+        None, help="Teams file (YAML, infra/teams.yaml's shape): each job is admitted on the share of the team "
+                   "its trace row names (a `team` column), and unused shares are lent (docs/scheduling.md)."),
 ) -> None:
     """Replay a job trace against scheduling policies and compare deadline ratios."""
     service = ServiceOptions(launch_s=launch_s, actuation=Actuation_(noise=noise, seed=seed),
                              **({} if safety_margin is None else {"safety_margin": safety_margin}))
     experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"),
-                            interval, actuations=tuple(a.value for a in actuation), service=service)
+                            interval, actuations=tuple(a.value for a in actuation), service=service, teams=teams)
     run_experiment(experiment, policy, json_out, plot, jobs_csv)
 
 

@@ -333,6 +333,26 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.plans.update(replanned.plans)
         return True
 
+    # -- what a policy composed of several asks (teams.py) ------------------------
+    def can_widen(self, job_id: str, gpus: int, now: float, own: JobStatus) -> bool:
+        """Whether running `job_id` on `gpus` GPUs, more than its plan gives it,
+        keeps its guarantee even if the GPUs are taken back at the next slot
+        (GPUs lent from outside this policy's cluster: never counted as
+        unclaimed)."""
+        if job_id not in self.guaranteed:
+            return True
+        return grant_is_safe(self.jobs[job_id], self.plans[job_id], own, gpus, self.clock.slot_of(now), self.clock)
+
+    def cannot_move(self, alloc: Mapping[str, int], status: Mapping[str, JobStatus], now: float) -> set[str]:
+        """Guaranteed jobs that keep their width and could not afford one unplanned restart now."""
+        return cannot_afford_restarts(self.guaranteed, self.jobs, self.plans, alloc, status,
+                                      self.clock.slot_of(now), self.clock)
+
+    def were_moved(self, job_ids: set[str]) -> None:
+        """A placement made outside this policy moved these jobs: their next
+        step restores their migration allowance, as after its own moves."""
+        self.moved |= job_ids & self.guaranteed
+
     # -- allocation ----------------------------------------------------------
     def _safe(self, job_id: str, gpus: int, slot: int, own: JobStatus) -> bool:
         """Granting `gpus` now keeps a guaranteed job's plan sufficient (allocation.py)."""

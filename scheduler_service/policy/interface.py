@@ -30,6 +30,7 @@ class RejectReason(str, Enum):
     INSUFFICIENT_CAPACITY = "gpus_reserved_by_admitted_jobs"
     NO_USABLE_GPU_COUNT = "no_usable_gpu_count"
     WINDOW_IN_DEMAND = "window_too_busy_for_its_size"  # elasticflow-overload only
+    UNKNOWN_TEAM = "unknown_team"  # on a cluster shared by teams
 
 
 class Decision(BaseModel):

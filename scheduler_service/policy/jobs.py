@@ -78,6 +78,7 @@ class Job:
     batch_size: int = 0
     kind: str = ""
     curves: tuple[tuple[str, ThroughputCurve], ...] = ()
+    team: str = ""  # whose share it is admitted on, on a cluster shared by teams
 
     @property
     def best_effort(self) -> bool:

@@ -11,7 +11,8 @@ from scheduler_service.policy import Job
 from scheduler_service.policy.overhead import NO_OVERHEAD, PAPER_OVERHEAD
 from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
-from scheduler_service.inputfiles import cluster_speeds
+from scheduler_service.inputfiles import cluster_speeds, load_teams
+from scheduler_service.policy.teams import Team
 from scheduler_service.policy.topology import AnyTopology, MixedTopology
 from scheduler_service.simulator.inputs import (
     InputError, curves_for_trace, is_folder_of_kinds, load_cluster, load_kind_throughputs, load_throughputs,
@@ -70,12 +71,14 @@ def load_jobs(trace: Path, cluster: Path, throughputs: Path) -> tuple[list[Job],
 def simulate_policy(jobs: Sequence[Job], topology: AnyTopology, name: str, interval: float, throughputs: Path,
                     actuation: Actuation, service: ServiceOptions | None = None,
                     on_progress: Callable[[int, int], None] | None = None,
-                    kind_moves: bool = False) -> tuple[Run, str | None]:
+                    kind_moves: bool = False, teams: Sequence[Team] = ()) -> tuple[Run, str | None]:
     """One policy over the jobs, through the service's loop or bare; and
     what the policy wants readers to know (a fallback it used)."""
     options: dict[str, object] = dict(policy_options(name, throughputs))
     if isinstance(topology, MixedTopology):
         options["kind_moves"] = kind_moves
+    if teams:
+        options["teams"] = tuple(teams)
     if actuation in ("ideal", "authors"):
         overhead = PAPER_OVERHEAD if actuation == "ideal" else NO_OVERHEAD
         policy = make_policy(name, topology, interval, overhead=overhead, **options)
@@ -99,6 +102,7 @@ class Experiment:
     interval: float = 60.0
     actuations: Sequence[Actuation] = ("service",)
     service: ServiceOptions = field(default_factory=ServiceOptions)
+    teams: Path | None = None  # a teams file: each trace row's `team` is admitted on its share
 
     def run(
         self, policies: Sequence[str], on_progress: Callable[[str, int, int], None] | None = None
@@ -106,13 +110,19 @@ class Experiment:
         if self.interval <= 0:
             raise InputError("--interval", None, None, "the scheduling interval must be positive")
         jobs, topology, derived = load_jobs(self.trace, self.cluster, self.throughputs)
+        teams = load_teams(self.teams) if self.teams is not None else ()
         runs, results = [], []
         for name in policies:
             for actuation in self.actuations:
                 label = name if len(self.actuations) == 1 else f"{name} ({actuation})"
                 progress = None if on_progress is None else (lambda done, total, n=label: on_progress(n, done, total))
-                run, note = simulate_policy(jobs, topology, name, self.interval, self.throughputs, actuation,
-                                            self.service, progress)
+                try:
+                    run, note = simulate_policy(jobs, topology, name, self.interval, self.throughputs, actuation,
+                                                self.service, progress, teams=teams)
+                except ValueError as exc:  # a teams file that does not fit the cluster
+                    if not teams:
+                        raise
+                    raise InputError(self.teams or "", None, None, str(exc)) from None
                 runs.append(run)
                 result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
                 note = "; ".join(n for n in (note, derived) if n) or None

@@ -33,6 +33,7 @@ class TraceRow(BaseModel):
     deadline: float | None
     batch_size: int = Field(gt=0)
     num_gpu: int = Field(ge=1)
+    team: str = ""
 
     @model_validator(mode="after")
     def _deadline_after_submit(self) -> "TraceRow":
@@ -167,8 +168,9 @@ def load_trace(path: Path, curves: dict[tuple[str, int], ThroughputCurve]) -> li
             "deadline": _pick(row, "deadline", "ddl"),
             "batch_size": _pick(row, "batch_size"),
             "num_gpu": _pick(row, "num_gpu"),
+            "team": _pick(row, "team"),
         }
-        values = {key: value for key, (_, value) in fields.items()}
+        values = {key: value for key, (_, value) in fields.items() if value is not None or key != "team"}
         if best_effort:
             values["deadline"] = None
         try:
@@ -193,7 +195,7 @@ def load_trace(path: Path, curves: dict[tuple[str, int], ThroughputCurve]) -> li
         jobs.append(Job(
             job_id=parsed.job_id, submit_time=parsed.submit_time, iterations=parsed.iterations,
             deadline=parsed.deadline, curve=curve, requested_gpus=parsed.num_gpu,
-            model=parsed.model_name, batch_size=parsed.batch_size,
+            model=parsed.model_name, batch_size=parsed.batch_size, team=parsed.team.strip(),
         ))
     if not jobs:
         raise InputError(path, None, None, "the trace has no jobs")

@@ -32,6 +32,7 @@ class PolicyResult(BaseModel):
     avg_jct_s: float | None  # finished jobs, submit to finish
     gpu_utilization: float  # GPU-seconds held / (GPUs x makespan)
     use_by_kind: dict[str, float] = {}  # the same, per GPU kind of a mixed cluster
+    ratio_by_team: dict[str, float] = {}  # the deadline ratio of each team's jobs, when jobs name teams
     makespan_s: float
     restarts: int
     ticks: int
@@ -53,6 +54,9 @@ def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 
     end = max((r.finish for r in finished), default=start)  # type: ignore[type-var]
     makespan = max(end - start, 1e-9)
     held = sum(r.gpu_seconds for r in records)
+    teams = sorted({r.job.team for r in deadline if r.job.team})
+    ratio_by_team = {team: sum(1 for r in deadline if r.job.team == team and r.met_deadline)
+                     / sum(1 for r in deadline if r.job.team == team) for team in teams}
     use_by_kind = {kind: sum(r.kind_seconds.get(kind, 0.0) for r in records) / (gpus * makespan)
                    for kind, gpus in run.kinds.items()}
     return PolicyResult(
@@ -62,5 +66,6 @@ def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 
         admitted=len(admitted), rejected=len(rejected), admitted_missed=admitted_missed,
         avg_jct_s=sum(jct) / len(jct) if jct else None,
         gpu_utilization=held / (run.capacity * makespan) if run.capacity else 0.0, use_by_kind=use_by_kind,
+        ratio_by_team=ratio_by_team,
         makespan_s=makespan, restarts=sum(r.restarts for r in records), ticks=run.ticks, wall_s=run.wall_s,
     )

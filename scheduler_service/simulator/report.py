@@ -15,13 +15,15 @@ from scheduler_service.simulator.metrics import PolicyResult
 
 
 def results_table(results: Sequence[PolicyResult], title: str = "") -> Table:
-    """One row a policy; on a mixed cluster, the use of each GPU kind too."""
+    """One row a policy; on a mixed cluster, the use of each GPU kind too;
+    with teams, each team's deadline ratio."""
     table = Table(title=title or None)
     kinds = list(dict.fromkeys(k for r in results for k in r.use_by_kind))
+    teams = list(dict.fromkeys(t for r in results for t in r.ratio_by_team))
     for name, justify in [("policy", "left"), ("actuation", "left"), ("ratio", "right"), ("met", "right"),
                           ("admit", "right"), ("reject", "right"), ("adm.miss", "right"),
                           ("JCT h", "right"), ("util", "right"), *((f"util {k}", "right") for k in kinds),
-                          ("wall s", "right")]:
+                          *((f"ratio {t}", "right") for t in teams), ("wall s", "right")]:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
         table.add_row(
@@ -29,6 +31,7 @@ def results_table(results: Sequence[PolicyResult], title: str = "") -> Table:
             str(r.rejected), str(r.admitted_missed),
             "-" if r.avg_jct_s is None else f"{r.avg_jct_s / 3600:.2f}", f"{r.gpu_utilization:.2f}",
             *(f"{r.use_by_kind[k]:.2f}" if k in r.use_by_kind else "-" for k in kinds),
+            *(f"{r.ratio_by_team[t]:.3f}" if t in r.ratio_by_team else "-" for t in teams),
             f"{r.wall_s:.2f}",
         )
     return table

@@ -54,6 +54,7 @@ from scheduler_service.loop.run import LoopRun, RunView
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
+from scheduler_service.policy.teams import Team
 from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_of
 from scheduler_service.policy.registry import DEFAULT_POLICY
 
@@ -74,6 +75,7 @@ class LoopSettings(BaseModel):
     launch_s: float | None = None  # a new run's start; None: learnt from the starts seen
     safety_margin: float = 0.0  # fraction of a run's window kept in front of its deadline (at least a slot)
     at_risk_s: float = 60.0  # a deadline is at risk when the projection comes this close (at least a slot)
+    teams: tuple[Team, ...] = ()  # teams sharing the cluster, each with its guaranteed share (policy/teams.py)
 
     @property
     def charged(self) -> RestartOverhead:
@@ -90,7 +92,7 @@ class LoopSettings(BaseModel):
 def policy_maker(settings: LoopSettings, **options: object) -> Callable[[AnyTopology], SchedulingPolicy]:
     """The policy for a topology, made anew when the cluster changes."""
     return lambda topology: make_policy(settings.policy, topology, interval=settings.interval_s,
-                                        overhead=settings.charged, **options)
+                                        overhead=settings.charged, teams=settings.teams, **options)
 
 
 class ControlLoop:

@@ -182,8 +182,16 @@ class TeamsPolicy(SchedulingPolicy):
 
     # -- what users are told ---------------------------------------------------
     def _said(self, team: str, decision: Decision) -> Decision:
-        """A decision in the team's terms: a rejection names the team and its share."""
+        """A decision in the team's terms: a rejection names the team and its
+        share, and one the team's share cannot hold, though the cluster could,
+        says so rather than "infeasible even on an idle cluster"."""
         if decision.admitted:
             return decision
         share = self.teams[team].share
-        return decision.model_copy(update={"message": f"team {team} ({share} guaranteed GPUs): {decision.message}"})
+        update: dict[str, object] = {"message": f"team {team} ({share} guaranteed GPUs): {decision.message}"}
+        if decision.reason is RejectReason.INFEASIBLE_ALONE and share < self.topology.num_gpus:
+            update["reason"] = RejectReason.INSUFFICIENT_CAPACITY
+            update["message"] = (f"team {team} ({share} guaranteed GPUs): even its whole share cannot finish it in "
+                                 f"time ({decision.message.replace('the whole cluster', 'all of them')}); a later "
+                                 "deadline, or a team with a larger share")
+        return decision.model_copy(update=update)

@@ -34,6 +34,7 @@ class Request:
     params: Any  # flows.training.params.TrainParameters
     iterations: float
     deadline: float | None  # the user's, epoch seconds; None: best-effort
+    team: str = ""  # its work queue, on a cluster shared by teams
 
     @property
     def model(self) -> str:
@@ -167,7 +168,7 @@ def _curve(points: dict[int, float], batch_size: int, max_job_gpus: int) -> Thro
 
 def policy_job(run_id: str, submit_time: float, iterations: float, deadline: float | None,
                points: dict[int, float], model: str, batch_size: int, max_job_gpus: int,
-               by_kind: Mapping[str, dict[int, float]] | None = None) -> Job:
+               by_kind: Mapping[str, dict[int, float]] | None = None, team: str = "") -> Job:
     """The policy's job for a flow run (a new one, or one adopted after a
     restart); on a cluster of several kinds, with its curve on each
     (`by_kind`, from `kind_curves`)."""
@@ -175,9 +176,10 @@ def policy_job(run_id: str, submit_time: float, iterations: float, deadline: flo
     curves = tuple((kind, _curve(p, batch_size, max_job_gpus)) for kind, p in (by_kind or {}).items())
     if curves:
         return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=deadline,
-                   curve=curves[0][1], model=model, batch_size=batch_size, kind=curves[0][0], curves=curves)
+                   curve=curves[0][1], model=model, batch_size=batch_size, kind=curves[0][0], curves=curves,
+                   team=team)
     return Job(job_id=run_id, submit_time=submit_time, iterations=iterations, deadline=deadline, curve=curve,
-               model=model, batch_size=batch_size)
+               model=model, batch_size=batch_size, team=team)
 
 
 def new_run(run_id: str, name: str, request: Request, control_root: str, now: float, flow_run: Any = None,
@@ -195,5 +197,5 @@ def arrival(run: ServiceRun, points: dict[int, float], max_job_gpus: int, now: f
     derives the plan deadline)."""
     request: Request = run.request
     job = policy_job(run.run_id, now, request.iterations, request.deadline, points, request.model,
-                     request.batch_size, max_job_gpus, by_kind)
+                     request.batch_size, max_job_gpus, by_kind, request.team)
     return Arrived(run.run_id, job, run.taken_in_at)

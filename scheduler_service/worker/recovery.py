@@ -52,7 +52,8 @@ def found_in(flow_run: Any | None) -> Found:
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
-                now: float, by_kind: dict[str, dict[int, float]] | None = None) -> tuple[ServiceRun, Adopted]:
+                now: float, by_kind: dict[str, dict[int, float]] | None = None, team: str = ""
+                ) -> tuple[ServiceRun, Adopted]:
     """The run as the service keeps it, and as the loop must see it again: on
     the GPUs it may be using (acknowledged, or commanded and not acknowledged yet)."""
     channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
@@ -62,7 +63,7 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
     pending = command.seq if command and (ack is None or ack.seq < command.seq) else None
     deadline = None if row.deadline is None else aware(row.deadline).timestamp()
     job = policy_job(row.flow_run_id, aware(row.submitted_at).timestamp(), row.iterations, deadline, points,
-                     row.model, row.global_batch_size, max_job_gpus, by_kind)
+                     row.model, row.global_batch_size, max_job_gpus, by_kind, team)
     running = found.running
     run = ServiceRun(row.flow_run_id, row.flow_run_name, channel, deadline, model=row.model,
                      iterations=row.iterations, taken_in_at=job.submit_time, foreign_process=running,
@@ -75,7 +76,7 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
 
 
 async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
-                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = ()
+                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = (), teams: bool = False
                   ) -> list[tuple[ServiceRun, Adopted]]:
     """The runs to adopt; the store is brought up to date for the rest.
     `alive(infrastructure_id, run_id)` says whether a run's process is really
@@ -111,7 +112,9 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
             continue  # not decided yet: taken in again by the next poll
         stored = get_curves(row.model, row.global_batch_size)
         points = one_curve(stored) or {1: 1e-9}
-        run, event = adopted_run(row, found, control_root, points, max_job_gpus, now, kind_curves(stored, kinds))
+        team = (flow_run.work_queue_name or "") if teams and flow_run is not None else ""
+        run, event = adopted_run(row, found, control_root, points, max_job_gpus, now, kind_curves(stored, kinds),
+                                 team)
         if found.running:  # as it stands: on its GPUs, not merely admitted
             store.upsert_job(row.flow_run_id, RunPhase.RUNNING, gpus=",".join(map(str, event.held)))
         adopted.append((run, event))

@@ -78,6 +78,10 @@ class WorkerSettings(BaseSettings):
     storage_schemes: str = _setting(
         "", "remote checkpoint stores runs may name, by fsspec scheme (`,`-separated, e.g. `s3,gs`)", "none")
     cluster: Path | None = _setting(None, "cluster file", "`infra/cluster.csv` or this machine")
+    teams: Path | None = _setting(
+        None, "teams file (YAML, `infra/teams.example.yaml`): a run's team is its work queue in the pool; each "
+        "team's runs are admitted on its guaranteed share and unused shares are lent (docs/user-guide.md)",
+        "none: one queue for everyone")
     cpu_slots: int | None = _setting(None, "worker slots on a CPU-only machine", "CPU count", ge=1)
     ray_address: str | None = _setting(
         None, "a Ray cluster (`host:port` of its head): its live nodes are the cluster and each run's ranks run "
@@ -125,6 +129,25 @@ class WorkerSettings(BaseSettings):
             raise ValueError(str(exc).split(": expected ", 1)[1]) from None
         return text
 
+    @field_validator("teams")
+    @classmethod
+    def _readable_teams(cls, path: Path | None) -> Path | None:
+        from scheduler_service.inputfiles import InputError, load_teams
+
+        if path is None or not str(path).strip():
+            return None
+        try:
+            load_teams(path)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        return path
+
+    def team_list(self) -> tuple[Any, ...]:
+        """The teams of the teams file (() without one)."""
+        from scheduler_service.inputfiles import load_teams
+
+        return load_teams(self.teams) if self.teams is not None else ()
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, name: str) -> str:
@@ -140,7 +163,7 @@ class WorkerSettings(BaseSettings):
         return LoopSettings(policy=self.policy, interval_s=self.interval_s,
                             overhead=RestartOverhead(stop_s=0.5, restart_s=self.restart_s, per_level_s=0.0),
                             poll_s=self.effective_poll_s, launch_s=self.launch_s,
-                            safety_margin=self.safety_margin, at_risk_s=self.at_risk_s)
+                            safety_margin=self.safety_margin, at_risk_s=self.at_risk_s, teams=self.team_list())
 
     def warnings(self, restart_s: float) -> list[str]:
         """What the operator should know at start: settings that work, but not well."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -99,6 +100,8 @@ class TakeIn:
         flow_run = entry.flow_run
         try:
             request = await anyio.to_thread.run_sync(intake.read_request, flow_run.parameters, now)
+            if self.settings.teams is not None:  # its team is its work queue
+                request = replace(request, team=flow_run.work_queue_name or "")
             await anyio.to_thread.run_sync(intake.confine, request, self.settings.roots, self.settings.schemes)
             intake.check_device(request, self.device())
             await self._check_block(request)

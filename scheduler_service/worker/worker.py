@@ -46,7 +46,7 @@ from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.recovery import allocation_changes, recover
 from scheduler_service.worker.registry import RunRegistry
 from scheduler_service.worker.reporting import Reporter
-from scheduler_service.worker.settings import load_settings
+from scheduler_service.worker.settings import SettingsError, load_settings
 from scheduler_service.worker.store import ServiceStore, aware
 from scheduler_service.worker.takein import TakeIn
 from scheduler_service.worker.watch import PrefectWatch
@@ -83,7 +83,10 @@ class ElasticFlowWorker(ProcessWorker):
         self.settings = settings = load_settings()
         self.backend = backend_for(settings)
         self.cluster = self.backend.cluster() or cluster_mod.load(settings.cluster, settings.cpu_slots)
-        self.loop = ControlLoop(self.cluster.topology, settings.loop())
+        try:
+            self.loop = ControlLoop(self.cluster.topology, settings.loop())
+        except ValueError as exc:  # a teams file whose shares the cluster cannot hold
+            raise SettingsError(f"ELASTICFLOW_TEAMS={settings.teams}: {exc}") from None
         self.registry = RunRegistry()  # every run in flight, from take-in to its end
         self.profiler = Profiler(measure_in_processes(self.cluster.device, settings.profile_iterations,
                                                       settings.profile_timeout_s),
@@ -136,7 +139,7 @@ class ElasticFlowWorker(ProcessWorker):
         store, now = self.reporter.store, self.clock()
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
                                         self.cluster.topology.max_job_gpus, now, self.backend.alive,
-                                        kinds_of(self.cluster.topology)):
+                                        kinds_of(self.cluster.topology), self.settings.teams is not None):
             self.registry.add(run)
             await self.executor.apply(self.loop.handle(event, now), now)
             where = f"on GPUs {','.join(map(str, event.held))}" if event.running else "still waiting for GPUs"

@@ -91,3 +91,11 @@ def test_no_admitted_run_misses_whatever_the_teams_and_arrivals(specs, shares):
             for i, (team, hours, slack, submit) in enumerate(specs)]
     run = simulate(jobs, make_policy("elasticflow", TOPO, teams=teams))
     assert summarize(run).admitted_missed == 0
+
+
+def test_a_run_too_big_for_its_teams_share_is_not_called_infeasible_on_the_cluster():
+    policy = make_policy("elasticflow", TOPO, teams=TEAMS)
+    (decision,) = policy.schedule(SchedulingRequest(0.0, [job("big", "vision", 6.0 * 3600, 3600)])).decisions
+    assert not decision.admitted and decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert decision.message.startswith("team vision (4 guaranteed GPUs): even its whole share cannot finish it")
+    assert decision.earliest_feasible_deadline > 6.0 * 3600 / 3.6  # what its share of 4 GPUs would take

@@ -1,0 +1,67 @@
+"""Teams end to end: two work queues of the `gpus` pool, one slot's share
+each on a 2-slot machine; a team's run borrows the other's idle slot and
+gives it back when that team's own run arrives."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import POOL, Stack
+
+pytestmark = pytest.mark.slow
+
+
+def _submit(queue: str, in_s: float, **parameters: Any) -> str:
+    from prefect.deployments import run_deployment
+
+    deadline = (datetime.now(timezone.utc) + timedelta(seconds=in_s)).isoformat()
+    flow_run = run_deployment("train/mlp", parameters={**parameters, "deadline": deadline}, timeout=0,
+                              work_queue_name=queue)
+    return str(flow_run.id)  # type: ignore[union-attr]
+
+
+def _ack_gpus(stack: Stack, run_id: str) -> list[int] | None:
+    path = stack.home / "control" / run_id / "ack.json"
+    return json.loads(path.read_text())["gpus"] if path.exists() else None
+
+
+def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_their_deadlines(
+        stack: Stack, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for queue in ("vision", "speech"):
+            try:
+                client.create_work_queue(name=queue, work_pool_name=POOL)
+            except Exception:  # made by an earlier test of this session
+                pass
+    teams = tmp_path / "teams.yaml"
+    teams.write_text("teams:\n  - name: vision\n    share: 1\n  - name: speech\n    share: 1\n")
+    with stack.worker_through(stack.api_url, tmp_path / "worker-teams.log", ELASTICFLOW_TEAMS=str(teams)):
+        loose = _submit("speech", 330, iterations=5400, checkpoint_interval=500)
+        stack.wait_until(lambda: _ack_gpus(stack, loose) == [0, 1], 150, "speech's run on both slots")
+        # 270 s of its share's 330 are its first run's: a second speech run of 40 s due in 70 s is refused,
+        # naming the team, though vision's slot is only lent.
+        refused = _submit("speech", 70, iterations=20 * 40)
+        refused_run = stack.wait_final(refused, 60)
+        assert refused_run.state.name == "Rejected", refused_run.state
+        assert "gpus_reserved_by_admitted_jobs: team speech (1 guaranteed GPUs)" in (refused_run.state.message or "")
+        # Vision's run needs its slot now: speech gives it back at the next slot.
+        urgent = _submit("vision", 70, iterations=20 * 40, checkpoint_interval=500)
+        stack.wait_until(lambda: _ack_gpus(stack, loose) in ([0], [1]), 60, "speech's run to give the slot back")
+        urgent_run = stack.wait_final(urgent, 180)
+        assert urgent_run.state.is_completed(), urgent_run.state
+        loose_run = stack.wait_final(loose, 420)
+        assert loose_run.state.is_completed(), loose_run.state
+        for run in (urgent_run, loose_run):
+            assert run.labels.get("elasticflow.admission") == "admitted"
+            assert run.end_time is not None
+            assert run.end_time <= datetime.fromisoformat(run.parameters["deadline"]), run.name
+        stranger = _submit("default", 600, iterations=100)
+        stranger_run = stack.wait_final(stranger, 60)
+        assert stranger_run.state.name == "Rejected" and "unknown_team" in (stranger_run.state.message or "")

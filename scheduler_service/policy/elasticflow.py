@@ -334,14 +334,19 @@ class ElasticFlowPolicy(SchedulingPolicy):
         return True
 
     # -- what a policy composed of several asks (teams.py) ------------------------
-    def can_widen(self, job_id: str, gpus: int, now: float, own: JobStatus) -> bool:
+    def can_widen(self, job_id: str, gpus: int, now: float, own: JobStatus, unclaimed: float = 0.0) -> bool:
         """Whether running `job_id` on `gpus` GPUs, more than its plan gives it,
-        keeps its guarantee even if the GPUs are taken back at the next slot
-        (GPUs lent from outside this policy's cluster: never counted as
-        unclaimed)."""
+        keeps its guarantee even if the GPUs are taken back when their owner
+        claims them, `unclaimed` seconds from now (GPUs lent from outside
+        this policy's cluster: their owner says how long)."""
         if job_id not in self.guaranteed:
             return True
-        return grant_is_safe(self.jobs[job_id], self.plans[job_id], own, gpus, self.clock.slot_of(now), self.clock)
+        return grant_is_safe(self.jobs[job_id], self.plans[job_id], own, gpus, self.clock.slot_of(now), self.clock,
+                             unclaimed)
+
+    def unclaimed_for(self, gpus: int, now: float) -> float:
+        """How long from now no plan of this policy claims `gpus` of its GPUs: what a loan of them lasts."""
+        return unclaimed_s(self.timeline, self.clock.slot_of(now), gpus, self.clock)
 
     def cannot_move(self, alloc: Mapping[str, int], status: Mapping[str, JobStatus], now: float) -> set[str]:
         """Guaranteed jobs that keep their width and could not afford one unplanned restart now."""

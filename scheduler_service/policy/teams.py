@@ -141,7 +141,7 @@ class TeamsPolicy(SchedulingPolicy):
                     continue
                 if team.borrowing_limit is not None and held[team.name] + want - gpus > team.share + team.borrowing_limit:
                     continue
-                if not self._can_widen(job, want, status[job_id], now):
+                if not self._can_widen(job, want, status[job_id], now, self._lasts(want - gpus, lendable, unowned, now)):
                     continue
                 served = held[team.name] / max(team.share, 1)
                 cost = step_cost(job, levels[job_id], status[job_id].remaining, gpus, want)
@@ -155,9 +155,20 @@ class TeamsPolicy(SchedulingPolicy):
             held[team_name] += want - alloc[job_id]
             alloc[job_id] = want
 
-    def _can_widen(self, job: Job, gpus: int, own: JobStatus, now: float) -> bool:
+    def _can_widen(self, job: Job, gpus: int, own: JobStatus, now: float, unclaimed: float) -> bool:
         policy = self.inner[job.team]
-        return policy.can_widen(job.job_id, gpus, now, own) if isinstance(policy, ElasticFlowPolicy) else True
+        return policy.can_widen(job.job_id, gpus, now, own, unclaimed) if isinstance(policy, ElasticFlowPolicy) \
+            else True
+
+    def _lasts(self, gpus: int, lendable: Mapping[str, int], unowned: int, now: float) -> float:
+        """How long a loan of `gpus` GPUs lasts at least: forever from GPUs no
+        team owns, else until the first lender whose share they may come
+        from claims them (the least, as it is not known whose they will be)."""
+        if gpus <= unowned:
+            return float("inf")
+        spans = [policy.unclaimed_for(gpus, now) for name, policy in self.inner.items()
+                 if lendable.get(name, 0) > 0 and isinstance(policy, ElasticFlowPolicy)]
+        return min(spans, default=0.0)
 
     # -- placement -------------------------------------------------------------
     def _place(self, alloc: dict[str, int], base: Mapping[str, int], status: Mapping[str, JobStatus], now: float):

@@ -32,16 +32,27 @@ class Publisher:
     def __init__(self, client: Any, related: Any) -> None:
         self.client = client
         self.related = related  # () -> list of related resources (worker, work pool)
+        self.teams: dict[str, str] = {}  # run -> its team, on a cluster shared by teams
+
+    def relate_team(self, run_id: str, team: str) -> None:
+        """The run's events name its team (its work queue) as a related resource from now on."""
+        self.teams[run_id] = team
 
     def event(self, run_id: str, event: EventName, payload: dict[str, Any], nodes: list[str] | None = None) -> None:
-        self._emit(f"prefect.flow-run.{run_id}", event, payload, nodes)
+        team = self.teams.get(run_id)
+        extra = ({"prefect.resource.id": f"elasticflow.team.{team}", "prefect.resource.role": "team",
+                  "prefect.resource.name": team},) if team else ()
+        self._emit(f"prefect.flow-run.{run_id}", event, payload, nodes, extra)
+        if event is EventName.RUN_ENDED or (event is EventName.DECISION and not payload.get("admitted", True)):
+            self.teams.pop(run_id, None)
 
     def cluster_event(self, event: EventName, payload: dict[str, Any], nodes: list[str]) -> None:
         """About the cluster itself (nodes joined or lost), on the cluster's resource."""
         self._emit(CLUSTER_RESOURCE, event, payload, nodes)
 
-    def _emit(self, resource: str, event: EventName, payload: dict[str, Any], nodes: list[str] | None) -> None:
-        related = [dict(r) for r in self.related()]
+    def _emit(self, resource: str, event: EventName, payload: dict[str, Any], nodes: list[str] | None,
+              extra: tuple[dict[str, str], ...] = ()) -> None:
+        related = [dict(r) for r in self.related()] + list(extra)
         related += [{"prefect.resource.id": node_resource(node), "prefect.resource.role": "node"}
                     for node in nodes or []]
         emit_event(event=event.value, resource={"prefect.resource.id": resource}, related=related, payload=payload)

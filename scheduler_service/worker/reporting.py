@@ -144,6 +144,9 @@ class Reporter:
         self.store.upsert_job(run.run_id, RunPhase.ARRIVED, flow_run_name=run.name, model=run.model,
                               global_batch_size=batch_size, iterations=run.iterations,
                               deadline=epoch_to_datetime(run.deadline))
+        team = getattr(run.request, "team", "")
+        if team:
+            self.publisher.relate_team(run.run_id, team)
 
     async def profiling(self, run: ServiceRun, now: float) -> None:
         why = "profiling the throughput of this model on first use"

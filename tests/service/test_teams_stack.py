@@ -43,14 +43,14 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
     teams = tmp_path / "teams.yaml"
     teams.write_text("teams:\n  - name: vision\n    share: 1\n  - name: speech\n    share: 1\n")
     with stack.worker_through(stack.api_url, tmp_path / "worker-teams.log", ELASTICFLOW_TEAMS=str(teams)):
-        loose = _submit("speech", 330, iterations=5400, checkpoint_interval=500)
+        loose = _submit("speech", 600, iterations=5000, checkpoint_interval=500)
         stack.wait_until(lambda: _ack_gpus(stack, loose) == [0, 1], 150, "speech's run on both slots")
-        # 270 s of its share's 330 are its first run's: a second speech run of 40 s due in 70 s is refused,
-        # naming the team, though vision's slot is only lent.
-        refused = _submit("speech", 70, iterations=20 * 40)
+        # 50 s of work on one slot, due in 40 s: the two slots could (28 s), speech's share of one cannot.
+        refused = _submit("speech", 40, iterations=20 * 50)
         refused_run = stack.wait_final(refused, 60)
         assert refused_run.state.name == "Rejected", refused_run.state
-        assert "gpus_reserved_by_admitted_jobs: team speech (1 guaranteed GPUs)" in (refused_run.state.message or "")
+        assert "gpus_reserved_by_admitted_jobs: team speech (1 guaranteed GPUs): even its whole share cannot" in (
+            refused_run.state.message or "")
         # Vision's run needs its slot now: speech gives it back at the next slot.
         urgent = _submit("vision", 70, iterations=20 * 40, checkpoint_interval=500)
         stack.wait_until(lambda: _ack_gpus(stack, loose) in ([0], [1]), 60, "speech's run to give the slot back")
@@ -62,6 +62,9 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
             assert run.labels.get("elasticflow.admission") == "admitted"
             assert run.end_time is not None
             assert run.end_time <= datetime.fromisoformat(run.parameters["deadline"]), run.name
+        (decision,) = stack.events(urgent, "elasticflow.decision")
+        teams_named = [r for r in decision["related"] if r.get("prefect.resource.role") == "team"]
+        assert [r["prefect.resource.name"] for r in teams_named] == ["vision"]  # filterable by team in the UI
         stranger = _submit("default", 600, iterations=100)
         stranger_run = stack.wait_final(stranger, 60)
         assert stranger_run.state.name == "Rejected" and "unknown_team" in (stranger_run.state.message or "")

@@ -54,7 +54,7 @@ from scheduler_service.loop.run import LoopRun, RunView
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
-from scheduler_service.policy.teams import Team
+from scheduler_service.policy.teams import Team, TeamsPolicy, TeamUse
 from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_of
 from scheduler_service.policy.registry import DEFAULT_POLICY
 
@@ -344,6 +344,10 @@ class ControlLoop:
     # -- views -------------------------------------------------------------------
     def _reserved_gpus(self) -> set[int]:
         return {g for gpus in self.reserved.values() for g in gpus}
+
+    def teams(self) -> list[TeamUse]:
+        """Each team's share and what it holds, on a cluster shared by teams ([] otherwise)."""
+        return self.policy.used() if isinstance(self.policy, TeamsPolicy) else []
 
     def free_block(self, largest: int) -> tuple[int, ...]:
         """The largest aligned power-of-two block of at most `largest` GPUs

@@ -37,6 +37,16 @@ from scheduler_service.policy.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)
+class TeamUse:
+    """What a team holds as last placed: `held` GPUs, `borrowed` of them beyond its share."""
+
+    name: str
+    share: int
+    held: int
+    borrowed: int
+
+
+@dataclass(frozen=True, slots=True)
 class Team:
     """A team's guarantee: `share` GPUs; at most `borrowing_limit` GPUs more
     at once from the others (None: no limit), and at most `lending_limit` of
@@ -112,13 +122,13 @@ class TeamsPolicy(SchedulingPolicy):
     def speed(self, job: Job, gpus: int) -> float:
         return self.inner[job.team].speed(job, gpus) if job.team in self.inner else job.curve.speed(gpus)
 
-    def used(self) -> dict[str, tuple[int, int]]:
-        """(GPUs held, of which borrowed) per team, as last placed."""
-        out = {}
-        for name in self.teams:
+    def used(self) -> list[TeamUse]:
+        """Each team's GPUs as last placed."""
+        out = []
+        for name, team in self.teams.items():
             held = sum(size for j, (_, size) in self.placer.blocks.items() if j in self.jobs
                        and self.jobs[j].team == name)
-            out[name] = (held, self.lent.get(name, 0))
+            out.append(TeamUse(name, team.share, held, self.lent.get(name, 0)))
         return out
 
     # -- lending ---------------------------------------------------------------

@@ -18,9 +18,10 @@ from typing import Any
 
 from scheduler_service.contracts import Outcome, RunPhase
 from scheduler_service.loop.run import RunView
+from scheduler_service.policy.teams import TeamUse
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.plot import AllocationSample, allocation_markdown, samples_from_changes
-from scheduler_service.worker.render import ClusterSnapshot, JobView, cluster_markdown
+from scheduler_service.worker.render import ClusterSnapshot, JobView, TeamView, cluster_markdown
 
 log = logging.getLogger("prefect.workers.elasticflow.cluster_view")  # shown with the worker's own lines
 
@@ -63,7 +64,8 @@ class ClusterView:
         if self.samples:
             self._last_allocation = dict(self.samples[-1].gpus)
 
-    def snapshot(self, views: list[RunView], names: dict[str, str], now: float) -> ClusterSnapshot:
+    def snapshot(self, views: list[RunView], names: dict[str, str], now: float,
+                 teams: list[TeamUse] | None = None) -> ClusterSnapshot:
         """The cluster now, as the loop sees it."""
         jobs = []
         for view in views:
@@ -83,7 +85,9 @@ class ClusterView:
         return ClusterSnapshot(at=_dt(now), topology=topology.describe(), nodes=list(self.cluster.nodes),
                                gpus_per_node=max(sizes), jobs=[*jobs, *self.finished],
                                node_gpus=sizes if len(set(sizes)) > 1 else [],
-                               node_kinds=kinds if any(kinds) else [])
+                               node_kinds=kinds if any(kinds) else [],
+                               teams=[TeamView(name=t.name, share=t.share, held=t.held, borrowed=t.borrowed)
+                                      for t in teams or []])
 
     def ended(self, run_id: str, iteration: int, outcome: Outcome) -> None:
         """The run ended at `iteration`, as `outcome` says (contracts.outcome_of)."""
@@ -139,11 +143,12 @@ class ClusterView:
                                        names=self.names)
         return cluster_markdown(snapshot, self.margin) + ("\n\n" + plot if plot else "")
 
-    async def show(self, client: Any, views: list[RunView], names: dict[str, str], now: float) -> None:
+    async def show(self, client: Any, views: list[RunView], names: dict[str, str], now: float,
+                   teams: list[TeamUse] | None = None) -> None:
         """Keep the artifact current: rewritten when GPUs change hands, or now and then as runs progress."""
         import anyio
 
-        snapshot = self.snapshot(views, names, now)
+        snapshot = self.snapshot(views, names, now, teams)
         if self.due(snapshot, now):
             markdown = await anyio.to_thread.run_sync(self.markdown, snapshot, now)  # renders a plot
             await self.publish(client, markdown)

@@ -39,6 +39,15 @@ class JobView(BaseModel):
     at_risk_within: timedelta | None = None  # its own at-risk margin (RunState.risk_margin); None: the view's
 
 
+class TeamView(BaseModel):
+    """A team's guaranteed share and what it holds now."""
+
+    name: str
+    share: int
+    held: int
+    borrowed: int
+
+
 class ClusterSnapshot(BaseModel):
     """The cluster at one moment. GPU ids are node-major, as in `Topology`:
     `gpus_per_node` each, or, on a cluster of kinds with nodes of different
@@ -51,6 +60,7 @@ class ClusterSnapshot(BaseModel):
     jobs: list[JobView] = Field(default_factory=list)
     node_gpus: list[int] = Field(default_factory=list)  # empty: gpus_per_node on every node
     node_kinds: list[str] = Field(default_factory=list)  # empty: one unnamed kind
+    teams: list[TeamView] = Field(default_factory=list)  # empty: one queue for everyone
 
     def sizes(self) -> list[int]:
         return self.node_gpus or [self.gpus_per_node] * len(self.nodes)
@@ -220,6 +230,13 @@ def gpu_map_markdown(snapshot: ClusterSnapshot) -> str:
     return "\n".join(lines)
 
 
+def teams_markdown(snapshot: ClusterSnapshot) -> str:
+    """One row per team: its share, what it holds, what of that it borrowed, what of its share it lends."""
+    rows = [[_cell(t.name), str(t.share), str(t.held), str(t.borrowed), str(max(0, t.share - t.held + t.borrowed))]
+            for t in snapshot.teams]
+    return markdown_table(["team", "share", "holds", "borrowed", "idle share (lent or free)"], rows)
+
+
 def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:
     """The jobs table, earliest deadline first, best-effort jobs last."""
     if not snapshot.jobs:
@@ -261,6 +278,7 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
     return "\n".join([  # no title: the artifact's description is shown above it
         f"**{summary}**", "",
         "## GPUs", "", gpu_map_markdown(snapshot), "",
+        *(["## Teams", "", teams_markdown(snapshot), ""] if snapshot.teams else []),
         "## Jobs", "", jobs_markdown(snapshot, margin), "",
         (f"_Finish: projected finish. MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
          f"At risk: projected finish within {_duration(margin)} of the deadline, or within half the room its "

@@ -182,7 +182,7 @@ class ElasticFlowWorker(ProcessWorker):
         if not self.reporter.lanes.busy(CLUSTER_VIEW):  # a slow server: skip a refresh rather than queue them
             names = {run.run_id: run.name for run in self.registry}
             await self.reporter.in_background(self.view.show, self.client, self.loop.views(now), names, now,
-                                              lane=CLUSTER_VIEW)
+                                              self.loop.teams(), lane=CLUSTER_VIEW)
         return took_in, await submit(self, launches)
 
     async def _watched(self, scheduled: set[str], now: float) -> tuple[list[Event], list[str]]:

@@ -142,6 +142,17 @@ def test_gpu_map_of_two_kinds_shows_each_nodes_kind_and_its_own_number_of_gpus()
     assert rows == [["big (A100)", "`0` ·", "`1` ·", "`2` ·", "`3` ·"], ["small (T4)", "`4` fox", "`5` fox", "", ""]]
 
 
+def test_the_cluster_view_shows_each_teams_share_what_it_holds_and_what_it_lends() -> None:
+    from scheduler_service.worker.render import TeamView, cluster_markdown
+
+    view = snapshot(job("fox", gpus=[0, 1, 2]))
+    assert "## Teams" not in cluster_markdown(view)  # one queue: no teams table
+    view = view.model_copy(update={"teams": [TeamView(name="vision", share=2, held=3, borrowed=1),
+                                             TeamView(name="speech", share=2, held=0, borrowed=0)]})
+    rows = table_rows(cluster_markdown(view).split("## Teams", 1)[1], "team")
+    assert rows == [["vision", "2", "3", "1", "0"], ["speech", "2", "0", "0", "2"]]
+
+
 def test_a_gpu_in_hand_over_shows_both_holders_and_gpus_outside_the_topology_are_not_hidden() -> None:
     view = snapshot(job("old", gpus=[0], deadline=s(10)), job("new", gpus=[0, 9], deadline=s(20)),
                     nodes=("solo",), per_node=2)

@@ -49,7 +49,7 @@ def test_unused_share_is_lent_as_extra_width_and_reclaimed_when_its_owner_needs_
     reply = policy.schedule(SchedulingRequest(600.0, [urgent], status=status))
     assert reply.decisions[0].admitted and reply.decisions[0].guaranteed
     assert reply.allocation == {"s-loose": 4, "v-urgent": 4}  # given back at the owner's first slot
-    assert policy.used() == {"speech": (4, 0), "vision": (4, 0)}
+    assert [(u.name, u.share, u.held, u.borrowed) for u in policy.used()] == [("vision", 4, 4, 0), ("speech", 4, 4, 0)]
 
 
 def test_a_borrowing_limit_caps_what_a_team_holds_beyond_its_share():

@@ -25,6 +25,15 @@ def _submit(queue: str, in_s: float, **parameters: Any) -> str:
     return str(flow_run.id)  # type: ignore[union-attr]
 
 
+def _cluster_artifact() -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["elasticflow-cluster"])))
+    return str(found[0].data) if found else ""
+
+
 def _ack_gpus(stack: Stack, run_id: str) -> list[int] | None:
     path = stack.home / "control" / run_id / "ack.json"
     return json.loads(path.read_text())["gpus"] if path.exists() else None
@@ -65,6 +74,8 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
         (decision,) = stack.events(urgent, "elasticflow.decision")
         teams_named = [r for r in decision["related"] if r.get("prefect.resource.role") == "team"]
         assert [r["prefect.resource.name"] for r in teams_named] == ["vision"]  # filterable by team in the UI
+        assert stack.wait_until(lambda: "## Teams" in _cluster_artifact() and "| speech |" in _cluster_artifact(), 30,
+                                "the teams in the cluster view")
         stranger = _submit("default", 600, iterations=100)
         stranger_run = stack.wait_final(stranger, 60)
         assert stranger_run.state.name == "Rejected" and "unknown_team" in (stranger_run.state.message or "")

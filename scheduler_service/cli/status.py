@@ -57,6 +57,17 @@ class RunView(BaseModel):
     reason: str | None = None  # a rejection's reason code
     detail: str = ""  # the rejection's message, why it waits, or the decision's message
     earliest_feasible_deadline: datetime | None = None
+    team: str | None = None  # on a cluster shared by teams: its work queue
+
+
+class TeamStatus(BaseModel):
+    """A team's guaranteed share and what its running runs hold now."""
+
+    name: str
+    share: int
+    holds: int
+    borrowed: int  # held beyond its share: lent by the others
+    lends: int  # of its share, held by other teams' runs
 
 
 class LeftOut(BaseModel):
@@ -73,6 +84,7 @@ class StatusReport(BaseModel):
     gpus: list[GpuSlot]
     runs: list[RunView]
     left_out: list[LeftOut] = []  # nodes the worker found and does not use, and why
+    teams: list[TeamStatus] = []  # on a cluster shared by teams
 
 
 def _home() -> Path:
@@ -83,6 +95,31 @@ def _home() -> Path:
 def store_url(home: Path) -> str:
     # As scheduler_service.store.db.database_url, whose package pulls in sqlmodel.
     return os.environ.get("ELASTICFLOW_DATABASE_URL") or f"sqlite:///{home / 'elasticflow.db'}"
+
+
+def _teams(home: Path) -> list[tuple[str, int]]:
+    """(name, share) of each team, as the worker published them in `cluster.json` ([] for one queue)."""
+    try:
+        published = json.loads((home / "cluster.json").read_text())
+        return [(str(t["name"]), int(t["share"])) for t in published.get("teams", [])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def _team_status(teams: list[tuple[str, int]], views: list[RunView]) -> list[TeamStatus]:
+    """What each team holds against its share. What the teams hold beyond
+    their shares is lent from the idle shares, credited to the lenders in
+    order (GPUs no team owns are lent first, and are nobody's)."""
+    running = (RunPhase.RUNNING, RunPhase.RESCALING)
+    holds = {name: sum(len(v.gpus) for v in views if v.team == name and v.phase in running) for name, _ in teams}
+    wanted = sum(max(0, holds[name] - share) for name, share in teams)
+    out = []
+    for name, share in teams:
+        lends = min(max(0, share - holds[name]), wanted)
+        wanted -= lends
+        out.append(TeamStatus(name=name, share=share, holds=holds[name], borrowed=max(0, holds[name] - share),
+                              lends=lends))
+    return out
 
 
 def _cluster(home: Path) -> tuple[str, list[str], list[LeftOut]]:
@@ -156,7 +193,8 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
         phase=RunPhase.ADMITTED, gpus=gpus, nodes=sorted({node_of[g] for g in gpus if g < len(node_of)}),
         iteration=snap.iteration if snap else None,
         total_iterations=(snap.total_iterations if snap else 0) or int(row.iterations) or None,
-        projected_finish=_aware(snap.projected_finish) if snap else None, deadline=_aware(row.deadline))
+        projected_finish=_aware(snap.projected_finish) if snap else None, deadline=_aware(row.deadline),
+        team=getattr(row, "team", None))  # absent from a store an older worker wrote
     stored = RunPhase(row.status)
     if stored == RunPhase.REJECTED:
         view.phase, view.detail = RunPhase.REJECTED, row.message or ""
@@ -206,7 +244,7 @@ def report(home: Path | None = None) -> StatusReport:
     shown = make_url(url).render_as_string(hide_password=True)
     return StatusReport(at=datetime.now(timezone.utc), store=shown, cluster=description,
                         gpus=[GpuSlot(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
-                        runs=views, left_out=left_out)
+                        runs=views, left_out=left_out, teams=_team_status(_teams(home), views))
 
 
 def _when(moment: datetime | None, now: datetime) -> str:
@@ -299,6 +337,10 @@ def render(data: StatusReport, console: Any) -> None:
         console.print(f"  left out: node {out.node}: {out.why}", markup=False, highlight=False)
     for line in _gpu_map(data.gpus):
         console.print(line, markup=False, highlight=False)
+    for team in data.teams:
+        console.print(f"team {printable(team.name)}: share {team.share}, holds {team.holds}"
+                      + (f" ({team.borrowed} borrowed)" if team.borrowed else "")
+                      + (f", lends {team.lends}" if team.lends else ""), markup=False, highlight=False)
     zone = datetime.now().astimezone().tzname()
     console.print(f"{len(data.runs)} runs: " + ", ".join(f"{n} {p.shown}" for p, n in counts.items() if n)
                   + f" (times {zone})")
@@ -307,10 +349,13 @@ def render(data: StatusReport, console: Any) -> None:
         from rich.text import Text
 
         table = Table(box=None, pad_edge=False)
-        for column in ("run", "model", "phase", "GPUs", "nodes", "progress", "finish", "deadline", "outcome", "why"):
+        teamed = bool(data.teams)
+        for column in ("run", *(("team",) if teamed else ()), "model", "phase", "GPUs", "nodes", "progress",
+                       "finish", "deadline", "outcome", "why"):
             table.add_column(column, overflow="fold")
         for v in data.runs:
-            cells = (v.name, v.model, v.phase.shown, _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
+            cells = (v.name, *((printable(v.team or "-"),) if teamed else ()), v.model, v.phase.shown,
+                     _gpus(v.gpus), ",".join(v.nodes) or "-", _progress(v),
                      _when(v.finished_at or v.projected_finish, now), _when(v.deadline, now),
                      _result(v), _why(v, now))
             table.add_row(*(Text(cell) for cell in cells))  # a run's name is no markup
@@ -318,7 +363,8 @@ def render(data: StatusReport, console: Any) -> None:
         return
     for v in data.runs:
         result = _result(v)
-        head = f"{v.name} [{v.model}] {v.phase.shown}" + (f": {result}" if result else "")
+        head = (f"{v.name} [{v.model}{', team ' + printable(v.team) if v.team else ''}] {v.phase.shown}"
+                + (f": {result}" if result else ""))
         where = (f"GPUs {_gpus(v.gpus)} on {','.join(v.nodes)}" if v.gpus
                  else "" if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED) else "no GPUs")
         when = (f"finished {_when(v.finished_at, now)}" if v.finished_at

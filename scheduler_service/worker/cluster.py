@@ -16,6 +16,7 @@ import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flows.training.control import GpuSlot
 from scheduler_service.policy.jobs import floor_pow2
@@ -45,9 +46,10 @@ class Cluster:
         text = self.topology.describe()
         return f"{text} (CPU worker slots)" if self.device == "cpu" else text
 
-    def publish(self, home: Path) -> None:
+    def publish(self, home: Path, teams: tuple[Any, ...] = ()) -> None:
         """`cluster.json` in the home, for readers that must not guess the
-        cluster from their own environment (`elasticflow status`)."""
+        cluster from their own environment (`elasticflow status`); with the
+        teams' shares, on a cluster shared by teams (policy.teams.Team)."""
         import json
 
         gpu_nodes = [self.nodes[self.topology.node_of(g)] for g in range(self.topology.num_gpus)]
@@ -55,7 +57,8 @@ class Cluster:
         tmp = home / ".cluster.json.tmp"
         tmp.write_text(json.dumps({"description": self.describe(), "source": self.source,
                                    "gpu_nodes": gpu_nodes,
-                                   "left_out": [{"node": n, "why": why} for n, why in self.left_out]}))
+                                   "left_out": [{"node": n, "why": why} for n, why in self.left_out],
+                                   "teams": [{"name": t.name, "share": t.share} for t in teams]}))
         tmp.replace(home / "cluster.json")
 
     def node_sizes(self) -> list[int]:

@@ -141,10 +141,10 @@ class Reporter:
     def taken_in(self, run: ServiceRun, batch_size: int) -> None:
         from scheduler_service.contracts import epoch_to_datetime
 
+        team = getattr(run.request, "team", "")
         self.store.upsert_job(run.run_id, RunPhase.ARRIVED, flow_run_name=run.name, model=run.model,
                               global_batch_size=batch_size, iterations=run.iterations,
-                              deadline=epoch_to_datetime(run.deadline))
-        team = getattr(run.request, "team", "")
+                              deadline=epoch_to_datetime(run.deadline), team=team or None)
         if team:
             self.publisher.relate_team(run.run_id, team)
 

@@ -43,6 +43,7 @@ class RunRecord(SQLModel, table=True):
     gpus: str = ""  # GPU ids it holds now, "0,1"
     message: str = ""
     outcome: str | None = None  # an Outcome, once it ended: from its final Prefect state
+    team: str | None = None  # its work queue, on a cluster shared by teams
     updated_at: datetime = Field(default_factory=_now)
 
 

@@ -180,3 +180,27 @@ def test_a_name_with_control_characters_cannot_forge_a_line_or_colour_the_termin
     assert "\x1b[31m" not in text and "FAKE finished" not in text.split("\\x1b[31m")[0]
     assert "ok\\n\\x1b[31mFAKE finished: met\\x1b[0m" in text  # shown, escaped, on its one line
     assert not any(line.lstrip().startswith("FAKE") for line in text.splitlines())
+
+
+def test_on_a_cluster_shared_by_teams_each_team_shows_its_share_and_what_it_holds_borrows_and_lends(
+        tmp_path: Path) -> None:
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import ServiceStore
+
+    (tmp_path / "cluster.json").write_text(json.dumps({
+        "description": "1 switch x 1 nodes x 4 GPUs = 4 GPUs", "gpu_nodes": ["a"] * 4,
+        "teams": [{"name": "vision", "share": 2}, {"name": "speech", "share": 2}]}))
+    store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
+    store.upsert_job("00000000-0000-0000-0000-000000000001", RunPhase.RUNNING, flow_run_name="wide", model="mlp",
+                     iterations=10, gpus="0,1,2", team="speech")
+    store.upsert_job("00000000-0000-0000-0000-000000000002", RunPhase.ADMITTED, flow_run_name="waits", model="mlp",
+                     iterations=10, team="vision")
+    data = report(tmp_path)
+    assert [(t.name, t.share, t.holds, t.borrowed, t.lends) for t in data.teams] == [
+        ("vision", 2, 0, 0, 1), ("speech", 2, 3, 1, 0)]
+    assert {v.name: v.team for v in data.runs} == {"wide": "speech", "waits": "vision"}
+    out = io.StringIO()
+    render(data, Console(file=out, width=120))
+    text = out.getvalue()
+    assert "team vision: share 2, holds 0, lends 1" in text and "team speech: share 2, holds 3 (1 borrowed)" in text
+    assert "team" in text.splitlines()[[i for i, l in enumerate(text.splitlines()) if l.startswith("run")][0]]

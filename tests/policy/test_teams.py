@@ -99,3 +99,20 @@ def test_a_run_too_big_for_its_teams_share_is_not_called_infeasible_on_the_clust
     assert not decision.admitted and decision.reason is RejectReason.INSUFFICIENT_CAPACITY
     assert decision.message.startswith("team vision (4 guaranteed GPUs): even its whole share cannot finish it")
     assert decision.earliest_feasible_deadline > 6.0 * 3600 / 3.6  # what its share of 4 GPUs would take
+
+
+def test_a_teams_file_with_a_bad_field_is_named_and_a_good_one_is_read(tmp_path):
+    from scheduler_service.inputfiles import InputError, load_teams
+
+    path = tmp_path / "teams.yaml"
+    path.write_text("teams:\n  - name: vision\n    share: 4\n    lending_limit: 2\n  - name: speech\n    share: 4\n")
+    assert load_teams(path) == (Team("vision", 4, None, 2), Team("speech", 4))
+    path.write_text("teams:\n  - name: vision\n    share: -1\n")
+    with pytest.raises(InputError, match="field 'teams.0.share'"):
+        load_teams(path)
+    path.write_text("teams:\n  - name: vision\n    share: 4\n    shares: 5\n")
+    with pytest.raises(InputError, match="field 'teams.0.shares'"):
+        load_teams(path)
+    path.write_text("teams: [")
+    with pytest.raises(InputError, match="not YAML"):
+        load_teams(path)

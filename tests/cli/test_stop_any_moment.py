@@ -178,11 +178,17 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
                 wait_until(lambda: all(_status(home, r).get("iterations_per_s") for r in batch), 240,
                            "the runs to train")
                 watch = Watch(home, batch)
-                for _ in range(30):  # 1.5 s of each run's progress: its rate
+                # 1.5 s of each run's progress: its rate. A run being resized (the GPUs of one that just
+                # completed handed to it) makes no progress for a few seconds: watch until one shows a rate.
+                watching = time.time()
+                while True:
                     watch.poll()
                     time.sleep(0.05)
-                now = time.time()
-                left = {r: watch.left_s(r, now) for r in batch if r not in watch.completed}
+                    now = time.time()
+                    left = {r: watch.left_s(r, now) for r in batch if r not in watch.completed}
+                    if now - watching >= 1.5 and (any(v < float("inf") for v in left.values()) or now - watching > 60):
+                        break
+                assert left, f"every run of the batch completed before a stop was aimed: offsets {offsets}"
                 target = min(left, key=left.__getitem__)  # the next to complete: a short projection is sharp
                 assert left[target] < 120, f"no run near its end: {left}"
                 shift = SHIFTS_S[stop]

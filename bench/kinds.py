@@ -57,11 +57,9 @@ def _trace(task: dict, folder: Path) -> Path:
 
 def run_task(task: dict) -> dict:
     from scheduler_service.policy.kinds import KindOrder
-    from scheduler_service.policy.registry import make_policy
     from scheduler_service.simulator.bound import deadline_ratio_bound
-    from scheduler_service.simulator.experiment import load_jobs
+    from scheduler_service.simulator.experiment import load_jobs, simulate_policy
     from scheduler_service.simulator.metrics import summarize
-    from scheduler_service.simulator.service import ServiceOptions, simulate_service
 
     started = time.perf_counter()
     cluster, order, moves = task["cluster"], task["order"], task["moves"]
@@ -73,10 +71,9 @@ def run_task(task: dict) -> dict:
     if task["line"] == "bound":
         out["ratio"] = deadline_ratio_bound(jobs, topology).bound
     else:
-        settings = ServiceOptions().loop(POLICY, INTERVAL)
-        kinds = {} if order is None else {"kind_order": KindOrder(order), "kind_moves": moves}
-        policy = make_policy(POLICY, topology, INTERVAL, overhead=settings.charged, **kinds)
-        result = summarize(simulate_service(jobs, topology, settings, ServiceOptions().actuation, lambda _: policy))
+        run, _ = simulate_policy(jobs, topology, POLICY, INTERVAL, throughputs, "service", kind_moves=moves,
+                                 kind_order=KindOrder(order or KindOrder.SLOWEST_FIRST))
+        result = summarize(run)
         out.update(ratio=result.deadline_ratio, admitted_missed=result.admitted_missed, util=result.gpu_utilization,
                    use=result.use_by_kind)
     out["wall_s"] = time.perf_counter() - started

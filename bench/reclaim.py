@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.service import first_iteration  # noqa: E402
+from bench.service import first_iteration, wait_for  # noqa: E402
 
 MLP_CURVE = {1: 20.0, 2: 36.0}
 TEAMS = "teams:\n  - name: vision\n    share: 1\n  - name: speech\n    share: 1\n"
@@ -50,16 +50,6 @@ def acked(home: Path, run_id: str) -> list[int] | None:
         return json.loads(path.read_text())["gpus"]
     except (OSError, ValueError, KeyError):
         return None
-
-
-def wait(predicate, timeout_s: float, what: str, every_s: float = 0.05):  # type: ignore[no-untyped-def]
-    end = time.time() + timeout_s
-    while time.time() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise RuntimeError(f"timed out waiting for {what}")
 
 
 def final(run_id: str) -> bool:
@@ -91,26 +81,27 @@ def main() -> int:
     with local_stack(home, free_port(), env=settings, models=("mlp",), schedules=False) as stack, \
             temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
         log = stack.logs / "worker.log"
-        wait(lambda: "started!" in log.read_text(errors="replace"), 240, "the worker", 0.5)
+        logs = [log]
+        wait_for(lambda: "started!" in log.read_text(errors="replace"), 240, "the worker", logs, 0.5)
         save_curve("mlp", 32, MLP_CURVE)
         with get_client(sync_client=True) as client:
             for queue in ("vision", "speech"):
                 client.create_work_queue(name=queue, work_pool_name="gpus")
         for rep in range(args.reps):
             run_id, created = submit("vision", 70, 20 * 40)
-            first = wait(lambda: first_iteration(home, run_id), 120, "the idle-cluster run's first iteration")
+            first = wait_for(lambda: first_iteration(home, run_id), 120, "the idle-cluster run's first iteration", logs)
             idle.append(first[0] - created)
-            wait(lambda: final(run_id), 180, "the idle-cluster run to end", 0.5)
+            wait_for(lambda: final(run_id), 180, "the idle-cluster run to end", logs, 0.5)
             loose, _ = submit("speech", 600, 5000)
-            wait(lambda: acked(home, loose) == [0, 1], 150, "speech's run on both slots")
+            wait_for(lambda: acked(home, loose) == [0, 1], 150, "speech's run on both slots", logs)
             run_id, created = submit("vision", 70, 20 * 40)
-            back = wait(lambda: (gpus := acked(home, loose)) is not None and len(gpus) == 1 and time.time(), 120,
-                        "speech to give the slot back")
+            back = wait_for(lambda: (gpus := acked(home, loose)) is not None and len(gpus) == 1 and time.time(), 120,
+                            "speech to give the slot back", logs, 0.05)
             given_back.append(back - created)
-            first = wait(lambda: first_iteration(home, run_id), 120, "the vision run's first iteration")
+            first = wait_for(lambda: first_iteration(home, run_id), 120, "the vision run's first iteration", logs)
             reclaimed.append(first[0] - created)
             for waited in (run_id, loose):
-                wait(lambda: final(waited), 420, "the runs to end", 0.5)
+                wait_for(lambda: final(waited), 420, "the runs to end", logs, 0.5)
             print(f"rep {rep + 1}: idle {idle[-1]:.2f} s; reclaim: slot back {given_back[-1]:.2f} s, "
                   f"first iteration {reclaimed[-1]:.2f} s", file=sys.stderr)
     print(f"vision run, creation to first iteration, on an idle cluster: median {statistics.median(idle):.2f} s, "

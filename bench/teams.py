@@ -55,13 +55,11 @@ def write_trace(folder: Path, flood: int, seed: int) -> Path:
 
 
 def run_task(task: dict) -> dict:
-    from scheduler_service.policy.registry import make_policy
     from scheduler_service.policy.teams import Team
-    from scheduler_service.simulator.bound import deadline_ratio_bound
-    from scheduler_service.simulator.experiment import load_jobs
-    from scheduler_service.simulator.metrics import summarize
-    from scheduler_service.simulator.service import ServiceOptions, simulate_service
     from scheduler_service.policy.topology import Topology
+    from scheduler_service.simulator.bound import deadline_ratio_bound
+    from scheduler_service.simulator.experiment import load_jobs, simulate_policy
+    from scheduler_service.simulator.metrics import summarize
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="teams-") as folder:
@@ -73,9 +71,9 @@ def run_task(task: dict) -> dict:
                         for t, share in SHARES.items()}
     else:
         teams = tuple(Team(t, s) for t, s in SHARES.items()) if task["teams"] else ()
-        settings = ServiceOptions().loop(POLICY, 60.0)
-        policy = make_policy(POLICY, topology, 60.0, overhead=settings.charged, teams=teams)
-        result = summarize(simulate_service(jobs, topology, settings, ServiceOptions().actuation, lambda _: policy))
+        run, _ = simulate_policy(jobs, topology, POLICY, 60.0, data_dir() / "throughputs" / "A100", "service",
+                                 teams=teams)
+        result = summarize(run)
         out.update(ratio=result.deadline_ratio, by_team=result.ratio_by_team, util=result.gpu_utilization,
                    missed=result.admitted_missed)
     out["wall_s"] = time.perf_counter() - started

@@ -11,6 +11,10 @@ the migration allowance, placement tiers, refreshes, the layout choice) are
 strategies the policy is built with (`strategies=`, strategies.py); the
 defaults are the policy as shipped.
 
+Policies composed of several (teams.py) ask it through four small hooks
+(`can_widen`, `unclaimed_for`, `cannot_move`, `were_moved`) that read its plans: they stay in
+this module, with the state they read, rather than splitting it.
+
 With `admission=False` (the paper's ablation) nothing is rejected: a job that
 cannot be planned gets whatever its cap can still take before its deadline,
 in deadline order, and can crowd out later jobs.

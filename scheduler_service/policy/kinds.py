@@ -148,9 +148,6 @@ class KindsPolicy(SchedulingPolicy):
         kind = self.kind.get(job.job_id, job.kind)
         return self.inner[kind].speed(job.on(kind), gpus) if kind in self.inner else job.curve.speed(gpus)
 
-    def kind_of_job(self, job_id: str) -> str | None:
-        return self.kind.get(job_id)
-
     # -- routing -------------------------------------------------------------
     def _order(self, job: Job) -> list[str]:
         """The kinds to try the job on, best first (see the module's rule)."""

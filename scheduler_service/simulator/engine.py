@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from scheduler_service.policy.interface import Decision, SchedulingPolicy, SchedulingRequest
 from scheduler_service.policy.jobs import Job, JobStatus
-from scheduler_service.policy.topology import kind_of
+from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_of
 
 # A job whose remaining work is below this fraction of its total is done:
 # float rounding must not keep it alive for one more tick.
@@ -60,9 +60,9 @@ class Run:
     kinds: dict[str, int] = field(default_factory=dict)  # GPUs by kind, on a mixed cluster
 
 
-def kinds_of(topology: object) -> dict[str, int]:
+def gpus_by_kind(topology: AnyTopology) -> dict[str, int]:
     """GPUs by kind of a mixed cluster ({} for one kind)."""
-    pools = getattr(topology, "pools", ())
+    pools = topology.pools if isinstance(topology, MixedTopology) else ()
     return {p.kind: p.topology.num_gpus for p in pools}
 
 
@@ -142,7 +142,7 @@ def simulate(
         last, now = now, max(min(candidates), now + interval)
 
     return Run(policy.name, list(records.values()), usage, policy.topology.num_gpus,
-               time.perf_counter() - started, ticks, kinds_of(policy.topology))
+               time.perf_counter() - started, ticks, gpus_by_kind(policy.topology))
 
 
 def _advance(

@@ -12,6 +12,7 @@ from scheduler_service.policy.overhead import NO_OVERHEAD, PAPER_OVERHEAD
 from scheduler_service.policy.registry import make_policy
 from scheduler_service.simulator.engine import Run, simulate
 from scheduler_service.inputfiles import cluster_speeds, load_teams
+from scheduler_service.policy.kinds import KindOrder
 from scheduler_service.policy.teams import Team
 from scheduler_service.policy.topology import AnyTopology, MixedTopology
 from scheduler_service.simulator.inputs import (
@@ -71,12 +72,13 @@ def load_jobs(trace: Path, cluster: Path, throughputs: Path) -> tuple[list[Job],
 def simulate_policy(jobs: Sequence[Job], topology: AnyTopology, name: str, interval: float, throughputs: Path,
                     actuation: Actuation, service: ServiceOptions | None = None,
                     on_progress: Callable[[int, int], None] | None = None,
-                    kind_moves: bool = False, teams: Sequence[Team] = ()) -> tuple[Run, str | None]:
+                    kind_moves: bool = False, teams: Sequence[Team] = (),
+                    kind_order: KindOrder = KindOrder.SLOWEST_FIRST) -> tuple[Run, str | None]:
     """One policy over the jobs, through the service's loop or bare; and
     what the policy wants readers to know (a fallback it used)."""
     options: dict[str, object] = dict(policy_options(name, throughputs))
     if isinstance(topology, MixedTopology):
-        options["kind_moves"] = kind_moves
+        options["kind_moves"], options["kind_order"] = kind_moves, kind_order
     if teams:
         options["teams"] = tuple(teams)
     if actuation in ("ideal", "authors"):

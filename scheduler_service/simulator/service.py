@@ -38,7 +38,7 @@ from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, P
 from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
 from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead
 from scheduler_service.policy.topology import AnyTopology, kind_of
-from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, kinds_of
+from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, gpus_by_kind
 
 IDLE_SLOTS = 1000  # slots with runs waiting and nothing in flight or to come: a deadlock
 
@@ -292,7 +292,7 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
         now = max(min(candidates), now + 1e-6)
 
     return Run(policy.name, list(records.values()), usage, topology.num_gpus, time.perf_counter() - started, steps,
-               kinds_of(topology))
+               gpus_by_kind(topology))
 
 
 def _decision(action: Admitted | Rejected) -> Decision:

@@ -114,7 +114,7 @@ class ElasticFlowWorker(ProcessWorker):
         self._logger.info("ElasticFlow scheduler: %s (%s), policy %s, slot %.1f s, %s backend",
                           self.cluster.describe(), self.cluster.source, settings.policy,
                           settings.interval_s, self.backend.name)
-        self.cluster.publish(settings.home, settings.team_list())
+        self.cluster.publish(settings.home, self.loop.settings.teams)
         await self._adopt()
         self.backend.open(settings.home)
         # The first take-in would otherwise pay for importing the train flow's
@@ -220,7 +220,7 @@ class ElasticFlowWorker(ProcessWorker):
             change = follow(self.cluster, changed)
             self.cluster = changed
             self.view.follow(changed)
-            changed.publish(self.settings.home, self.settings.team_list())
+            changed.publish(self.settings.home, self.loop.settings.teams)
             self._logger.warning("cluster changed: %s", change.describe())
             self.reporter.publisher.cluster_event(EventName.CLUSTER_CHANGED, {
                 "lost": change.gone, "joined": change.joined, "topology": changed.describe()},

@@ -1,15 +1,22 @@
 """Progress published to Prefect: a progress artifact, flow-run labels and
 `elasticflow.training.*` events, so the UI shows it and the scheduler can read it.
 
-Prefect is a window onto training, not part of it: every call is guarded, the
-first failure is logged as a warning, and after it Prefect publishing pauses for
-`retry_after_s` so an unreachable API cannot slow the supervision loop.
+Prefect is a window onto training, not part of it. Every call goes out on a
+thread of its own (`Outbox`), never on the loop that supervises the ranks: a
+Prefect call waited for there held that loop, so the flow read no progress and
+a run looked stalled to the scheduler while its server answered slowly (a
+burst through a slow server left one run `Rescaling` for minutes). The first
+failure is logged as a warning, and after it Prefect publishing pauses for
+`retry_after_s` so an unreachable API is not asked again at every iteration.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from flows.training.progress import ProgressSnapshot, ProgressTracker
@@ -19,6 +26,87 @@ from scheduler_service.contracts import Label, training_event
 log = logging.getLogger("elasticflow.progress")
 
 ARTIFACT_KEY = "elasticflow-training-progress"
+CLOSE_S = 10.0  # at the run's end, how long what is still waiting may take to go out
+
+
+class Outbox:
+    """Calls made one at a time on a thread of their own, in the order given.
+    A call with a `key` replaces one of the same key still waiting: of
+    routine progress only the newest matters, and of two states only the
+    last."""
+
+    def __init__(self, name: str) -> None:
+        self._ready = threading.Condition()
+        self._waiting: deque[tuple[str | None, Callable[[], Any]]] = deque()
+        self._in_flight: str | None = None  # the key of the call being made, "" if it has none; None: idle
+        self._closed = False
+        # The creator's context goes along: Prefect's settings and the flow
+        # run's context (an artifact belongs to the run it is created in).
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._serve,), name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, call: Callable[[], Any], key: str | None = None) -> None:
+        with self._ready:
+            if self._closed:
+                return
+            for i, (waiting_key, _) in enumerate(self._waiting):
+                if key is not None and waiting_key == key:
+                    self._waiting[i] = (key, call)
+                    return
+            self._waiting.append((key, call))
+            self._ready.notify_all()
+
+    def holds(self, key: str) -> bool:
+        """Whether a call of `key` waits or is being made."""
+        with self._ready:
+            return self._in_flight == key or any(k == key for k, _ in self._waiting)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Until nothing waits and no call is being made, at most `timeout_s`; whether so."""
+        end = time.monotonic() + timeout_s
+        with self._ready:
+            while self._waiting or self._in_flight is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._ready.wait(left)
+            return True
+
+    def close(self, timeout_s: float, after: Callable[[str | None], bool]) -> None:
+        """Take no more; let what waits go out for `timeout_s`, then drop it,
+        and wait for the call being made if `after(its key)` says it must not
+        land after the caller returns (a state after the run's final one)."""
+        with self._ready:
+            self._closed = True
+        if self.flush(timeout_s):
+            return
+        with self._ready:
+            dropped = len(self._waiting)
+            self._waiting.clear()
+            self._ready.notify_all()
+            must_wait = self._in_flight is not None and after(self._in_flight)
+        log.warning("Prefect is slow: %d progress updates dropped at the run's end", dropped)
+        if must_wait:
+            self._thread.join()
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not self._waiting and not self._closed:
+                    self._ready.wait()
+                if not self._waiting:
+                    return
+                key, call = self._waiting.popleft()
+                self._in_flight = key if key is not None else ""
+            try:
+                call()
+            except Exception:  # the caller's call guards itself; this thread must not die
+                log.exception("Prefect call failed")
+            finally:
+                with self._ready:
+                    self._in_flight = None
+                    self._ready.notify_all()
 
 
 class PrefectProgress(ProgressTracker):
@@ -32,44 +120,66 @@ class PrefectProgress(ProgressTracker):
         self.artifact_id: Any = None
         self.retry_after_s = retry_after_s
         self.paused_until = 0.0
-        self._rescaling = False  # the flow run shows a `Rescaling` state until training resumes
+        # The flow run shows a `Rescaling` state from a resize until training
+        # resumes: resizes so far (this thread's count), and the last one a
+        # `Running` state was shown after (the outbox's).
+        self._resizes = 0
+        self._resumed = 0
+        self._outbox = Outbox(f"prefect-progress-{flow_run_id[:8]}")
 
     @property
     def enabled(self) -> bool:
         return time.time() >= self.paused_until
 
-    def _safely(self, what: str, call: Callable[[], Any]) -> Any:
-        if not self.enabled:
-            return None
-        try:
-            return call()
-        except Exception as exc:  # Prefect must never fail training
-            self.paused_until = time.time() + self.retry_after_s
-            log.warning(
-                "Prefect %s failed; progress only in logs and the status file for %.0f s: %s",
-                what,
-                self.retry_after_s,
-                exc,
-            )
-            return None
+    def flush(self, timeout_s: float = CLOSE_S) -> bool:
+        """Until every call handed over so far is made; whether in `timeout_s`."""
+        return self._outbox.flush(timeout_s)
+
+    def close(self, timeout_s: float = CLOSE_S) -> None:
+        """No state may reach Prefect after this returns: the flow's own end
+        sets the final one, and a `Running` after it would reopen the run."""
+        self._outbox.close(timeout_s, after=lambda key: key == "state")
+
+    def _safely(self, what: str, call: Callable[[], Any]) -> Callable[[], Any]:
+        """`call` as the outbox makes it: skipped while paused, never raising."""
+        def guarded() -> Any:
+            if not self.enabled:
+                return None
+            try:
+                return call()
+            except Exception as exc:  # Prefect must never fail training
+                self.paused_until = time.time() + self.retry_after_s
+                log.warning(
+                    "Prefect %s failed; progress only in logs and the status file for %.0f s: %s",
+                    what,
+                    self.retry_after_s,
+                    exc,
+                )
+                return None
+        return guarded
 
     # A resize shows in the run's state: the flow process sets it itself, so it
     # can never race the run's own end (the scheduler could: a state it wrote
-    # after the run finished would reopen it).
+    # after the run finished would reopen it; `close` makes sure ours do not).
     def segment_finished(self, result: SegmentResult) -> None:
         super().segment_finished(result)
         if result.reason == "stopped" and self.iteration < self.total:
-            self._rescaling = True
+            self._resizes += 1
             gpus = ",".join(map(str, result.gpus))
-            self._safely("state", lambda: self._state(
+            self._outbox.put(self._safely("state", lambda: self._state(
                 "Rescaling", f"checkpointed at iteration {self.iteration} on GPUs {gpus}; "
-                "continuing on the GPU set the scheduler chose"))
+                "continuing on the GPU set the scheduler chose")), key="state")
 
     def on_iteration(self, iteration: int, loss: float, wall_t: float) -> None:
         super().on_iteration(iteration, loss, wall_t)
-        if self._rescaling and self._safely("state", lambda: self._state(
-                "Running", f"training on GPUs {','.join(map(str, self.gpus))} from iteration {iteration}")):
-            self._rescaling = False
+        if self._resumed < self._resizes and self.enabled and not self._outbox.holds("state"):
+            gpus, resize = ",".join(map(str, self.gpus)), self._resizes
+
+            def running() -> None:
+                if self._state("Running", f"training on GPUs {gpus} from iteration {iteration}"):
+                    self._resumed = resize  # else asked again at an iteration after the pause
+
+            self._outbox.put(self._safely("state", running), key="state")
 
     def _state(self, name: str, message: str) -> bool:
         from uuid import UUID
@@ -88,9 +198,10 @@ class PrefectProgress(ProgressTracker):
         if not force and time.time() - self._last_sent < self.every_s:
             return
         self._last_sent = time.time()
-        self._safely("artifact", lambda: self._artifact(snap))
-        self._safely("labels", lambda: self._labels(snap))
-        self._safely("event", lambda: self._event(snap, event, extra))
+        # Events are each worth sending; the artifact and labels only as they stand now.
+        self._outbox.put(self._safely("artifact", lambda: self._artifact(snap)), key="artifact")
+        self._outbox.put(self._safely("labels", lambda: self._labels(snap)), key="labels")
+        self._outbox.put(self._safely("event", lambda: self._event(snap, event, extra)))
 
     def _artifact(self, snap: ProgressSnapshot) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact

@@ -114,6 +114,10 @@ class ProgressTracker:
     def finished(self, status: str) -> None:
         self.publish(self.snapshot(), event=status, force=True)
 
+    def close(self) -> None:
+        """The run is over, one way or another: whatever publishes elsewhere in
+        the background finishes here, before the run's own end is recorded."""
+
     def publish(
         self, snap: ProgressSnapshot, event: str, force: bool = False, extra: dict[str, object] | None = None
     ) -> None:

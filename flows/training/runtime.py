@@ -324,6 +324,7 @@ def run_training(
     except BaseException:
         termination.received = False  # already failing: just put the handler back
         termination.restore_and_forward()
+        tracker.close()
         raise
     finally:
         try:
@@ -333,5 +334,6 @@ def run_training(
         finally:
             ranks.close()
     tracker.finished(status)
+    tracker.close()
     termination.restore_and_forward()  # checkpoint is safe: now let SIGTERM do what it would have done
     return run.result(status, total)

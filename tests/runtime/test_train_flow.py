@@ -95,24 +95,6 @@ def test_bad_parameters_fail_the_flow_before_training(prefect_api: str, tmp_path
     assert past.is_failed() and "in the past" in past.message
 
 
-def test_progress_never_fails_training_without_an_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.training.prefect_progress import PrefectProgress
-
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
-    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
-        tracker = PrefectProgress("run", 10, flow_run_id=str(uuid.uuid4()), retry_after_s=3600)
-        tracker.segment_started([0, 1], 0)  # refused connection: warns, does not raise
-        assert not tracker.enabled
-        start = time.perf_counter()
-        for i in range(1, 11):
-            tracker.on_iteration(i, 1.0 / i, time.time())
-        tracker.finished("completed")
-        assert time.perf_counter() - start < 0.5  # paused: no more network attempts
-    assert tracker.snapshot().iteration == 10
-
-
 def test_a_saved_checkpoint_store_block_is_found_by_name(prefect_api: str, tmp_path: Path) -> None:
     from elasticflow_block import CheckpointStore
     from elasticflow_block.storage import resolve_checkpoint_url

@@ -109,6 +109,7 @@ class ControlLoop:
         self.gone: list[str] = []  # ended or stopped since the last plan: the policy forgets them then
         self.reserved: dict[str, tuple[int, ...]] = {}  # the service's own use of GPUs
         self.last_slot: int | None = None  # of the last plan
+        self.planned_at = float("-inf")  # when the last plan was made
         self._checked_slot: int | None = None  # the last boundary at which a plan was not due
         self.wake_at: float | None = None  # when the last plan's policy wants to be asked again
 
@@ -242,7 +243,9 @@ class ControlLoop:
         cluster changed; else at the first slot boundary after something the
         last plan rested on changed: a run ended or was stopped, a run's
         measured speed moved its curve, a run fell more than a slot behind
-        its plan; and when the policy asked to be woken (a plan that widens)."""
+        its plan, a run's deadline passed (the policy carries it on
+        best-effort, and it may hold nothing until it is planned so); and
+        when the policy asked to be woken (a plan that widens)."""
         if self.arrivals or self.last_slot is None:
             return True
         slot = self.policy.clock.slot_of(now)
@@ -252,11 +255,12 @@ class ControlLoop:
         interval = self.settings.interval_s
         moved = [run for run in self.runs.values() if run.observe()]  # each run's speed, once a slot
         return bool(self.gone or moved or (self.wake_at is not None and now >= self.wake_at - 1e-6)
-                    or any(run.slipped(now, interval) for run in self.runs.values()))
+                    or any(run.slipped(now, interval) or run.due_between(self.planned_at, now)
+                           for run in self.runs.values()))
 
     def _plan(self, now: float) -> list[Action]:
         clock = self.policy.clock
-        self.last_slot = clock.slot_of(now)
+        self.last_slot, self.planned_at = clock.slot_of(now), now
         elapsed = now - self.last_slot * clock.interval
         arrivals, self.arrivals = self.arrivals, []
         gone, self.gone = self.gone, []

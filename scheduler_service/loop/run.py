@@ -253,6 +253,11 @@ class LoopRun:
         return now + max(0.0, self.job.iterations - self.iteration) / self.job.curve.speed(gpus) \
             > self.planned_finish + slack_s
 
+    def due_between(self, since: float, now: float) -> bool:
+        """Whether its deadline, as its plan has it, passed in (since, now]."""
+        deadline = self.job.deadline
+        return deadline is not None and since < deadline <= now
+
     def planned(self, finish: float) -> None:
         """The plan's projection of when it finishes."""
         self.planned_finish = finish

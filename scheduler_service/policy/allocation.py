@@ -97,13 +97,23 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
         # ten minutes, its plan at the end of its window.
         return True
     speed, overhead = job.curve.points, clock.overhead
+    have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, clock)
     now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
     later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)
-    have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, clock)
     # A grant lasts at least one interval (callers decide at most once per
     # interval), in which the job outruns its plan by this much:
     ahead = (speed[gpus] - job.curve.speed(plan.gpus_at(slot))) * clock.interval
     return st.remaining + now_cost + later_cost <= have + ahead
+
+
+def falls_short(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:
+    """Its plan no longer covers what is left (it started or ran slower than
+    planned, and no re-plan found it room): it misses on its plan whatever it
+    is given, so spare GPUs cannot cost it a guarantee, and are its one chance
+    not to miss. Refused them as unsafe, a run parked a minute before its
+    deadline sat beside two idle GPUs until the deadline passed (a CI burst)."""
+    assert job.deadline is not None
+    return cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, clock) < st.remaining
 
 
 def waits_for_its_plan(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:

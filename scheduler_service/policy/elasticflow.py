@@ -29,7 +29,7 @@ from scheduler_service.policy.admission import (
     Candidate, Refused, Replanned, displace, earliest_deadline, placeable_throughout, plan_all, plan_one,
 )
 from scheduler_service.policy.allocation import (
-    cannot_afford_restarts, grant_is_safe, grow, narrower_for_now, unclaimed_s)
+    cannot_afford_restarts, falls_short, grant_is_safe, grow, narrower_for_now, unclaimed_s)
 from scheduler_service.policy.interface import (
     Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
@@ -404,8 +404,11 @@ class ElasticFlowPolicy(SchedulingPolicy):
         spare = self.topology.num_gpus - sum(alloc.values())
         assert spare >= 0, "plans over-reserve the cluster"
 
-        def safe(job_id: str, gpus: int) -> bool:
-            return self._safe(job_id, gpus, slot, status[job_id])
+        def safe(job_id: str, gpus: int) -> bool:  # a grant of spare GPUs, beyond the plan
+            st = status[job_id]
+            return self._safe(job_id, gpus, slot, st) or (
+                job_id in self.guaranteed and gpus > self.plans[job_id].gpus_at(slot)
+                and falls_short(self.jobs[job_id], self.plans[job_id], st, slot, self.clock))
 
         deadline_jobs = sorted(self.plans, key=lambda j: (self.jobs[j].deadline, j))
         spare = grow(deadline_jobs, self.jobs, self.levels, status, alloc, spare, safe)

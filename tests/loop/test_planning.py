@@ -4,10 +4,13 @@ simulator's ideal engine does; never at a boundary where nothing did."""
 
 from __future__ import annotations
 
-from scheduler_service.loop.actions import Admitted
+from scheduler_service.loop import ControlLoop
+from scheduler_service.loop.actions import Admitted, Launch
 from scheduler_service.loop.events import Ended
-from scheduler_service.policy import ThroughputCurve
-from tests.loop.driver import T0, Driver, job
+from scheduler_service.policy import (
+    Decision, Job, SchedulingPolicy, SchedulingReply, SchedulingRequest, ThroughputCurve, Topology,
+)
+from tests.loop.driver import SETTINGS, T0, Driver, job
 
 CURVE = ThroughputCurve({1: 10.0, 2: 19.0})
 
@@ -96,3 +99,41 @@ def test_the_policy_is_asked_again_when_it_asked_to_be_woken() -> None:
     d.ack("a", T0)
     _training(d, "a", T0, T0 + 40)
     assert calls == [T0, T0 + 20]
+
+
+class _HoldsBackUntilDue(SchedulingPolicy):
+    """Admits every run and gives it GPUs only once its deadline has passed
+    (as ElasticFlow leaves a run its plan no longer carries, until it
+    carries it on best-effort): whether the loop asks again then."""
+
+    name = "holds-back"
+
+    def __init__(self, topology: Topology) -> None:
+        super().__init__(topology, interval=SETTINGS.interval_s)
+        self.jobs: dict[str, Job] = {}
+
+    def schedule(self, request: SchedulingRequest) -> SchedulingReply:
+        for job_id in request.finished:
+            self.jobs.pop(job_id, None)
+        decisions = []
+        for arrival in request.arrivals:
+            self.jobs[arrival.job_id] = arrival
+            decisions.append(Decision(job_id=arrival.job_id, admitted=True, guaranteed=True, share=1))
+        alloc = {j: (self.topology.num_gpus if job.deadline is not None and job.deadline <= request.now else 0)
+                 for j, job in self.jobs.items()}
+        return self.reply(request, decisions, alloc, self.jobs)
+
+
+def test_a_run_that_holds_nothing_is_planned_again_once_its_deadline_passes() -> None:
+    """A CI burst: a run parked when its plan fell short held nothing and sat
+    beside idle GPUs past its deadline, for nothing made the loop ask again."""
+    d = Driver()
+    d.loop = ControlLoop(Topology(1, 1, 2), SETTINGS, policy_for=_HoldsBackUntilDue)
+    calls = _counted(d)
+    d.arrive(job("a", T0, 1000, T0 + 5, CURVE))
+    assert not d.new(d.step(T0), Launch)
+    for now in (T0 + 1, T0 + 2, T0 + 3):
+        assert not d.new(d.step(now), Launch)
+    # Its deadline on the plan's scale is T0 + 3 (a slot of margin kept): the first boundary after it.
+    launched = d.new(d.step(T0 + 4), Launch)
+    assert calls == [T0, T0 + 4] and launched["a"].gpus == (0, 1)

@@ -4,7 +4,7 @@ risk to its guarantee, and never a reason to move a guaranteed run instead."""
 
 from __future__ import annotations
 
-from scheduler_service.policy.allocation import affords_restarts, grant_is_safe, unclaimed_s
+from scheduler_service.policy.allocation import affords_restarts, falls_short, grant_is_safe, unclaimed_s
 from scheduler_service.policy.jobs import Job, JobStatus, ThroughputCurve
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.policy.plan import Plan, Run, SlotClock
@@ -42,3 +42,23 @@ def test_free_for_counts_the_slots_a_width_stays_unreserved() -> None:
     assert timeline.free_for(0, 2, 20) == 5  # 2 free until slot 5, where all 4 are taken
     assert timeline.free_for(0, 3, 20) == 3
     assert timeline.free_for(10, 4, 20) == 10  # nothing reserved from slot 10 on
+
+
+def test_a_run_its_plan_no_longer_carries_gets_the_idle_gpus_its_one_chance() -> None:
+    """A CI burst: a run that started a minute late fell short of its plan,
+    was parked, and was refused the idle GPUs as "not safe" for a plan it
+    could no longer meet: it sat idle until its deadline passed."""
+    from scheduler_service.policy import SchedulingRequest, Topology, make_policy
+    from scheduler_service.policy.registry import DEFAULT_POLICY
+
+    curve = ThroughputCurve({1: 100.0, 2: 190.0})
+    for name in ("elasticflow", DEFAULT_POLICY):
+        policy = make_policy(name, Topology(1, 1, 2), interval=2.0, overhead=RestartOverhead(2.0, 0.5, 0.0))
+        (decision,) = policy.schedule(SchedulingRequest(0.0, [Job("a", 0.0, 190 * 60, 120.0, curve)])).decisions
+        assert decision.guaranteed
+        # At 100 s it holds nothing with 20 s of work left on both GPUs: 22.5 s with the start, due in 20.
+        reply = policy.schedule(SchedulingRequest(100.0, status={"a": JobStatus(190 * 20, 0, 0.0)}))
+        assert reply.allocation["a"] == 2, name
+    short = Plan((Run(0, 10, 1),), 1)  # 20 s on 1 GPU: 20,000 iterations less its start
+    assert falls_short(JOB, short, JobStatus(25_000.0, 1, 0.0), 0, CLOCK)
+    assert not falls_short(JOB, short, JobStatus(5000.0, 1, 0.0), 0, CLOCK)

@@ -48,10 +48,13 @@ def bound(
 def reproduce(
     out: Path = typer.Option(Path("docs/evaluation"), help="Folder for results.json, results.md and the plots."),
     quick: bool = typer.Option(False, help="A reduced comparison on two small traces (for tests and a first look)."),
+    teams: bool = typer.Option(True, help="The teams scenario too: one team floods dev102, per-team ratios with "
+                                          "and without teams, and each team's bound on its share (not with --quick)."),
     workers: int = typer.Option(2, min=1, help="Worker processes (the comparison is embarrassingly parallel)."),
 ) -> None:
     """Run every policy on the paper's traces and clusters, with the LP bound and reference figures."""
     from scheduler_service.simulator.reproduce import comparison_cases, quick_cases, run_comparison, write_report
+    from scheduler_service.simulator.teams_case import TeamsScenario
 
     cases = quick_cases() if quick else comparison_cases()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -63,7 +66,7 @@ def reproduce(
             if not errors.is_terminal:  # a bar is drawn only on a terminal: a log gets a line per case
                 errors.print(f"[{done}/{total}] {what}", highlight=False, soft_wrap=True)
 
-        report = run_comparison(cases, workers, on_progress)
+        report = run_comparison(cases, workers, on_progress, TeamsScenario() if teams and not quick else None)
     paths = write_report(report, out)
     console.print((out / "results.md").read_text())
     for key, h in report.headline.items():

@@ -30,7 +30,7 @@ class Actuation(str, Enum):
     IDEAL = "ideal"
     AUTHORS = "authors"
 
-console = Console(width=None if Console().is_terminal else 110)
+console = Console(width=None if Console().is_terminal else 160)  # a log: room for every column
 errors = Console(stderr=True)
 
 
@@ -58,6 +58,10 @@ def run_experiment(experiment: Experiment, policies: list[str], json_out: Path |
             raise typer.Exit(2) from None
     title = f"{experiment.trace.stem} on {experiment.cluster.stem} (interval {experiment.interval:g} s)"
     console.print(results_table(results, title))
+    bounds = experiment.team_bounds()
+    if bounds:
+        console.print("LP bound of each team's jobs alone on its share: "
+                      + ", ".join(f"{team} {bound:.3f}" for team, bound in bounds.items()), highlight=False)
     for result in results:
         if result.note:
             console.print(f"note ({result.policy}): {result.note}", highlight=False)
@@ -99,7 +103,8 @@ def simulate(
     seed: int = typer.Option(0, help="service: the noise's seed"),
     teams: Optional[Path] = typer.Option(
         None, help="Teams file (YAML, infra/teams.yaml's shape): each job is admitted on the share of the team "
-                   "its trace row names (a `team` column), and unused shares are lent (docs/scheduling.md)."),
+                   "its trace row names (a `team` column), and unused shares are lent (docs/scheduling.md); "
+                   "each policy runs in one queue too, and each team's LP bound on its share is shown."),
 ) -> None:
     """Replay a job trace against scheduling policies and compare deadline ratios."""
     service = ServiceOptions(launch_s=launch_s, actuation=Actuation_(noise=noise, seed=seed),

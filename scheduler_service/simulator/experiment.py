@@ -116,17 +116,31 @@ class Experiment:
         runs, results = [], []
         for name in policies:
             for actuation in self.actuations:
-                label = name if len(self.actuations) == 1 else f"{name} ({actuation})"
-                progress = None if on_progress is None else (lambda done, total, n=label: on_progress(n, done, total))
-                try:
-                    run, note = simulate_policy(jobs, topology, name, self.interval, self.throughputs, actuation,
-                                                self.service, progress, teams=teams)
-                except ValueError as exc:  # a teams file that does not fit the cluster
-                    if not teams:
-                        raise
-                    raise InputError(self.teams or "", None, None, str(exc)) from None
-                runs.append(run)
-                result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
-                note = "; ".join(n for n in (note, derived) if n) or None
-                results.append(result.model_copy(update={"note": note}))
+                for grouped in (teams, ()) if teams else ((),):  # with teams: one queue beside it
+                    label = name if len(self.actuations) == 1 else f"{name} ({actuation})"
+                    label += " (one queue)" if teams and not grouped else ""
+                    progress = (None if on_progress is None
+                                else (lambda done, total, n=label: on_progress(n, done, total)))
+                    try:
+                        run, note = simulate_policy(jobs, topology, name, self.interval, self.throughputs, actuation,
+                                                    self.service, progress, teams=grouped)
+                    except ValueError as exc:  # a teams file that does not fit the cluster
+                        if not grouped:
+                            raise
+                        raise InputError(self.teams or "", None, None, str(exc)) from None
+                    runs.append(run)
+                    result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
+                    note = "; ".join(n for n in (note, derived) if n) or None
+                    results.append(result.model_copy(update={"note": note, "one_queue": bool(teams) and not grouped}))
         return runs, results
+
+    def team_bounds(self) -> dict[str, float]:
+        """Each team's LP bound: its jobs alone on a cluster the size of its share."""
+        from scheduler_service.policy.topology import Topology
+        from scheduler_service.simulator.bound import deadline_ratio_bound
+
+        if self.teams is None:
+            return {}
+        jobs, _, _ = load_jobs(self.trace, self.cluster, self.throughputs)
+        return {t.name: deadline_ratio_bound([j for j in jobs if j.team == t.name], Topology(1, t.share, 1)).bound
+                for t in load_teams(self.teams)}

@@ -33,6 +33,7 @@ class PolicyResult(BaseModel):
     gpu_utilization: float  # GPU-seconds held / (GPUs x makespan)
     use_by_kind: dict[str, float] = {}  # the same, per GPU kind of a mixed cluster
     ratio_by_team: dict[str, float] = {}  # the deadline ratio of each team's jobs, when jobs name teams
+    one_queue: bool = False  # the teams' jobs run without their teams file, beside a run with it
     makespan_s: float
     restarts: int
     ticks: int

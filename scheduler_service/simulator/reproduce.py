@@ -21,6 +21,9 @@ from scheduler_service.simulator.experiment import data_dir
 from scheduler_service.simulator.inputs import load_cluster, load_throughputs, load_trace
 from scheduler_service.simulator.metrics import Actuation, PolicyResult
 from scheduler_service.simulator.report import write_atomically
+from scheduler_service.simulator.teams_case import LINES, TeamsReport, TeamsScenario, bounds_on_shares, run_line
+from scheduler_service.simulator.teams_case import markdown as teams_markdown
+from scheduler_service.simulator.teams_case import plot as plot_teams
 
 # The schedulers ElasticFlow is compared with (its own ablations excluded).
 BASELINES = ("edf", "gandiva", "tiresias", "themis", "chronus", "pollux")
@@ -99,6 +102,7 @@ class Report(BaseModel):
     bounds: dict[str, BoundResult]
     cases: list[Case]
     headline: dict[str, dict[str, float | str]]  # case -> elasticflow / best baseline
+    teams: TeamsReport | None = None
     wall_s: float = 0.0
 
 
@@ -130,8 +134,11 @@ def _bound(case_json: str) -> BoundResult:
 
 
 def run_comparison(
-    cases: Sequence[Case], workers: int = 2, on_progress: Callable[[str, int, int], None] | None = None
+    cases: Sequence[Case], workers: int = 2, on_progress: Callable[[str, int, int], None] | None = None,
+    teams: TeamsScenario | None = None,
 ) -> Report:
+    """Every case's policies and bound, and the `teams` scenario's lines and
+    bounds, on `workers` processes."""
     import time
 
     started = time.perf_counter()
@@ -144,24 +151,41 @@ def run_comparison(
     tasks.sort(key=lambda t: (-(data_dir() / "traces" / f"{t[0].trace}.csv").stat().st_size, t[2] != "service"))
     results: dict[tuple[str, str, Actuation], PolicyResult] = {}
     bounds: dict[str, BoundResult] = {}
+    team_results: dict[str, PolicyResult] = {}
+    team_bounds: dict[str, dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
+        lines, team_bounds_of = {}, {}
+        if teams is not None:  # each line is as long as a big trace's: first, as those are
+            lines = {pool.submit(run_line, teams, line): line.name for line in LINES}
+            team_bounds_of = {pool.submit(bounds_on_shares, teams, flooded): "flood" if flooded else "calm"
+                              for flooded in (False, True)}
         futures = {}
         for case, policy, actuation in tasks:
             payload = case.model_dump_json()
             fut = pool.submit(_bound, payload) if policy is None else pool.submit(_simulate, payload, policy, actuation)
             futures[fut] = (case, policy, actuation)
-        for done, fut in enumerate(as_completed(futures), start=1):
-            case, policy, actuation = futures[fut]
-            if policy is not None and actuation is not None:
-                results[(case.key, policy, actuation)] = fut.result()  # type: ignore[assignment]
+        every = [*lines, *team_bounds_of, *futures]
+        for done, fut in enumerate(as_completed(every), start=1):
+            if fut in lines:
+                team_results[lines[fut]] = fut.result()
+                what = f"teams scenario, {lines[fut]}"
+            elif fut in team_bounds_of:
+                team_bounds[team_bounds_of[fut]] = fut.result()
+                what = f"teams scenario, bounds on shares ({team_bounds_of[fut]})"
             else:
-                bounds[case.key] = fut.result()  # type: ignore[assignment]
+                case, policy, actuation = futures[fut]
+                if policy is not None and actuation is not None:
+                    results[(case.key, policy, actuation)] = fut.result()  # type: ignore[assignment]
+                else:
+                    bounds[case.key] = fut.result()  # type: ignore[assignment]
+                what = f"{case.key} {f'{policy} ({actuation})' if policy else 'bound'}"
             if on_progress is not None:
-                what = f"{policy} ({actuation})" if policy else "bound"
-                on_progress(f"{case.key} {what}", done, len(futures))
+                on_progress(what, done, len(every))
     ordered = [results[(c.key, p, a)] for c in cases for p in (c.policies or list(POLICIES)) for a in actuations(p)]
+    team_report = (TeamsReport(scenario=teams, results=team_results, bounds=team_bounds)
+                   if teams is not None else None)
     return Report(results=ordered, bounds=bounds, cases=list(cases), headline=_headline(cases, results),
-                  wall_s=time.perf_counter() - started)
+                  teams=team_report, wall_s=time.perf_counter() - started)
 
 
 def _headline(cases: Sequence[Case], results: dict[tuple[str, str, Actuation], PolicyResult]
@@ -185,11 +209,16 @@ def _headline(cases: Sequence[Case], results: dict[tuple[str, str, Actuation], P
 def write_report(report: Report, out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json", out / "results.md", out / "deadline_ratios.png", out / "cluster_size.png"]
+    paths = [out / "results.json", out / "results.md"]
     write_atomically(paths[0], (json.dumps(report.model_dump(mode="json"), indent=2) + "\n").encode())
     write_atomically(paths[1], markdown(report).encode())
-    _plot_ratios(report, paths[2])
-    _plot_cluster_size(report, paths[3])
+    if report.cases:  # the teams scenario alone (bench/teams.py) has none
+        paths += [out / "deadline_ratios.png", out / "cluster_size.png"]
+        _plot_ratios(report, paths[2])
+        _plot_cluster_size(report, paths[3])
+    if report.teams is not None:
+        paths.append(out / "teams.png")
+        plot_teams(report.teams, paths[-1])
     return paths
 
 
@@ -235,6 +264,8 @@ def markdown(report: Report) -> str:
     lines += ["", f"Jobs our policies admitted that missed their deadline, across all cases: {missed['service']} "
                   f"through the service's loop, {missed['ideal']} bare.",
               f"Wall time of the whole comparison: {report.wall_s:.0f} s.", ""]
+    if report.teams is not None:
+        lines.append(teams_markdown(report.teams))
     return "\n".join(lines)
 
 

@@ -99,3 +99,18 @@ def test_simulate_without_a_policy_runs_the_services_default_and_counts_as_the_a
     assert {r["policy"] for r in rows} == {LoopSettings().policy} == {WorkerSettings().policy}
     met = {r["actuation"]: r["met_deadline"] for r in rows}
     assert met == {"ideal": 0, "authors": 1}
+
+
+def test_simulate_with_teams_runs_one_queue_beside_and_gives_each_teams_bound(tmp_path):
+    trace = write_trace(tmp_path, "0,0,1000,resnet50,3000,64,1,150,a\n1,10,500,bert,9000,64,2,100,b\n"
+                                  "2,20,800,resnet50,2000,64,2,150,a\n",
+                        header=HEADER.rstrip("\n") + ",team\n")
+    teams = tmp_path / "teams.yaml"
+    teams.write_text("teams:\n  - name: a\n    share: 4\n  - name: b\n    share: 4\n")
+    result = simulate(trace, tmp_path, "--policy", "elasticflow", "--teams", str(teams))
+    assert result.exit_code == 0, result.output
+    payload = json.loads((tmp_path / "out.json").read_text())
+    assert [r["one_queue"] for r in payload["results"]] == [False, True]
+    assert all(set(r["ratio_by_team"]) == {"a", "b"} for r in payload["results"])
+    assert "│ elasticflow │ service   │ one    │" in result.output
+    assert "LP bound of each team's jobs alone on its share: a 1.000, b 1.000" in result.output

@@ -65,3 +65,26 @@ def test_a_bad_trace_read_in_a_worker_comes_back_as_the_error_naming_its_field(t
     case = Case(trace="bad", cluster="n16g8", gpu="A100", interval=240, group="sweep", policies=["edf"])
     with pytest.raises(InputError, match=r"bad\.csv, row 2, field 'ddl'"):
         run_comparison([case], workers=1)
+
+
+def test_the_teams_scenario_reports_each_team_with_and_without_teams_and_its_bound(tmp_path):
+    """Issue 27: the flood of one team, per team and overall, beside one queue,
+    with each team's bound on its share; written with the comparison."""
+    from scheduler_service.simulator.reproduce import Report, run_comparison, write_report
+    from scheduler_service.simulator.teams_case import LINES, TeamsScenario
+
+    scenario = TeamsScenario(first=90, flood=60, shares={"a": 32, "b": 16, "c": 16})
+    report = run_comparison([], workers=2, teams=scenario)
+    teams = report.teams
+    assert set(teams.results) == {line.name for line in LINES} and set(teams.bounds) == {"calm", "flood"}
+    for line in LINES:
+        result = teams.results[line.name]
+        assert set(result.ratio_by_team) == {"a", "b", "c"} and result.admitted_missed == 0
+    flood = teams.results["teams, flood"]
+    assert flood.deadline_jobs == teams.results["teams, calm"].deadline_jobs + 60
+    assert all(0 <= teams.bounds["flood"][t] <= 1 for t in "abc")
+    write_report(report, tmp_path)
+    text = (tmp_path / "results.md").read_text()
+    assert "| teams, flood |" in text and "| bound on share, flood |" in text and "team a floods" in text
+    assert (tmp_path / "teams.png").stat().st_size > 10_000
+    assert Report.model_validate_json((tmp_path / "results.json").read_text()).teams == teams

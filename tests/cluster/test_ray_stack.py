@@ -49,69 +49,79 @@ def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
         yield stack, worker_log
 
 
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Path]]:
+    """One stack for the tests below (a Ray stack takes a minute to start on
+    two cores): the stack, its worker's log and its home. The last test kills
+    one of its nodes."""
+    base = tmp_path_factory.mktemp("ray-stack")
+    with pytest.MonkeyPatch.context() as patch, ray_stack(base, patch) as (stack, worker_log):
+        yield stack, worker_log, base / "home"
+
+
 def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        shared_stack: tuple[Any, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.client.orchestration import get_client
 
     from scheduler_service.store import save_curve
 
-    home = tmp_path / "home"
-    with ray_stack(tmp_path, monkeypatch) as (stack, worker_log):
-        assert "2 nodes x 2 GPUs" in worker_log.read_text() and "ray backend" in worker_log.read_text()
-        save_curve("mlp", 32, CURVE)
-        deadline = (datetime.now(timezone.utc) + timedelta(seconds=150)).isoformat()
-        out = subprocess.run(
-            [sys.executable, "-m", "prefect", "deployment", "run", "train/mlp", "--param", f"deadline={deadline}",
-             "--param", "iterations=3000", "--param", "checkpoint_interval=100"],
-            cwd=ROOT, capture_output=True, text=True, check=True, timeout=120).stdout
-        run_id = re.search(r"flow-run/([0-9a-f-]{36})", out)[1]  # type: ignore[index]
+    stack, worker_log, home = shared_stack
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))  # the stack's store, not this test's folder
+    assert "2 nodes x 2 GPUs" in worker_log.read_text() and "ray backend" in worker_log.read_text()
+    save_curve("mlp", 32, CURVE)
+    deadline = (datetime.now(timezone.utc) + timedelta(seconds=150)).isoformat()
+    out = subprocess.run(
+        [sys.executable, "-m", "prefect", "deployment", "run", "train/mlp", "--param", f"deadline={deadline}",
+         "--param", "iterations=3000", "--param", "checkpoint_interval=100"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120).stdout
+    run_id = re.search(r"flow-run/([0-9a-f-]{36})", out)[1]  # type: ignore[index]
 
-        def final() -> object:
-            for line in stack.supervise():
-                print(line)
-            with get_client(sync_client=True) as client:
-                run = client.read_flow_run(run_id)
-            return run if run.state is not None and run.state.is_final() else None
-
-        run = wait_until(final, 300, "the run to finish")
-        assert run.state.is_completed(), (run.state, worker_log.read_text()[-3000:])
-        # The same flow run, never relaunched by Prefect: a relaunch passes through
-        # Pending again. (run_count also counts each Rescaling -> Running: a plan
-        # runs at the level below its share first, and a slow launch on Ray can
-        # cost it the spare GPUs it started on until its plan rises.)
-        assert state_names(run_id).count("Pending") == 1
-        assert run.labels.get("elasticflow.admission") == "admitted"
-        assert str(run.labels.get("elasticflow.mss")) == "4"
-        assert set(str(run.labels.get("elasticflow.nodes")).split(",")) == {"ray-node-0", "ray-node-1"}
-        log = worker_log.read_text()
-        assert "launched on 4 GPUs" in log and "ray-node-0" in log and "ray-node-1" in log
-
-        # Cancelled in the UI while it trains on both nodes: no rank is left on either.
-        from prefect.deployments import run_deployment
-        from prefect.states import Cancelling
-
-        save_curve("mlp", 32, {1: 1.0, 2: 1.9, 4: 3.6})  # a run that would take hours: planned on 4
-        long = run_deployment("train/mlp", timeout=0, parameters={
-            "iterations": 10_000_000, "deadline": (datetime.now(timezone.utc) + timedelta(days=40)).isoformat()})
-        wait_until(lambda: len(rank_actors(home)) >= 4, 180, "the run's 4 ranks")
+    def final() -> object:
+        for line in stack.supervise():
+            print(line)
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(long.id, Cancelling(message="not needed any more"), force=True)
+            run = client.read_flow_run(run_id)
+        return run if run.state is not None and run.state.is_final() else None
 
-        def cancelled() -> object:
-            with get_client(sync_client=True) as client:
-                state = client.read_flow_run(long.id).state
-            return state is not None and state.is_cancelled()
+    run = wait_until(final, 300, "the run to finish")
+    assert run.state.is_completed(), (run.state, worker_log.read_text()[-3000:])
+    # The same flow run, never relaunched by Prefect: a relaunch passes through
+    # Pending again. (run_count also counts each Rescaling -> Running: a plan
+    # runs at the level below its share first, and a slow launch on Ray can
+    # cost it the spare GPUs it started on until its plan rises.)
+    assert state_names(run_id).count("Pending") == 1
+    assert run.labels.get("elasticflow.admission") == "admitted"
+    assert str(run.labels.get("elasticflow.mss")) == "4"
+    assert set(str(run.labels.get("elasticflow.nodes")).split(",")) == {"ray-node-0", "ray-node-1"}
+    log = worker_log.read_text()
+    assert "launched on 4 GPUs" in log and "ray-node-0" in log and "ray-node-1" in log
 
-        wait_until(cancelled, 120, "the run to be Cancelled")
-        with get_client(sync_client=True) as client:  # as locally: never Crashed on the way (ray.init's handler)
-            names = [s.name for s in client.read_flow_run_states(long.id)]
-        assert "Crashed" not in names, names
-        try:
-            wait_until(lambda: not rank_actors(home), 60, "its ranks to be gone")
-        except AssertionError:
-            left = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "-p", ",".join(map(str, rank_actors(home)))],
-                                  capture_output=True, text=True).stdout
-            raise AssertionError(f"rank actors left:\n{left}\n{worker_log.read_text()[-2500:]}") from None
+    # Cancelled in the UI while it trains on both nodes: no rank is left on either.
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    save_curve("mlp", 32, {1: 1.0, 2: 1.9, 4: 3.6})  # a run that would take hours: planned on 4
+    long = run_deployment("train/mlp", timeout=0, parameters={
+        "iterations": 10_000_000, "deadline": (datetime.now(timezone.utc) + timedelta(days=40)).isoformat()})
+    wait_until(lambda: len(rank_actors(home)) >= 4, 180, "the run's 4 ranks")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(long.id, Cancelling(message="not needed any more"), force=True)
+
+    def cancelled() -> object:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(long.id).state
+        return state is not None and state.is_cancelled()
+
+    wait_until(cancelled, 120, "the run to be Cancelled")
+    with get_client(sync_client=True) as client:  # as locally: never Crashed on the way (ray.init's handler)
+        names = [s.name for s in client.read_flow_run_states(long.id)]
+    assert "Crashed" not in names, names
+    try:
+        wait_until(lambda: not rank_actors(home), 60, "its ranks to be gone")
+    except AssertionError:
+        left = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "-p", ",".join(map(str, rank_actors(home)))],
+                              capture_output=True, text=True).stdout
+        raise AssertionError(f"rank actors left:\n{left}\n{worker_log.read_text()[-2500:]}") from None
 
 
 def rank_actors(home: Path) -> list[int]:
@@ -146,7 +156,7 @@ def _raylet_of(node_name: str, gcs_address: str) -> int:
 
 
 def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flow_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        shared_stack: tuple[Any, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     import json
     import os
     import signal
@@ -156,38 +166,43 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flo
 
     from scheduler_service.store import save_curve
 
-    home = tmp_path / "home"
-    with ray_stack(tmp_path, monkeypatch) as (stack, worker_log):
-        save_curve("mlp", 32, CURVE)
-        deadline = datetime.now(timezone.utc) + timedelta(seconds=900)
-        run = run_deployment("train/mlp", timeout=0, parameters={
-            "iterations": 20000, "deadline": deadline.isoformat(), "checkpoint_interval": 200})
-        run_id = str(run.id)
+    stack, worker_log, home = shared_stack
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
+    seen = len(worker_log.read_text())  # what the worker says from now on
 
-        def iteration() -> int:
-            try:
-                return int(json.loads((home / "control" / run_id / "status.json").read_text()).get("iteration", 0))
-            except (OSError, ValueError):
-                return 0
+    def said() -> str:
+        return worker_log.read_text()[seen:]
 
-        # On both nodes: launched there (spare GPUs granted), or grown there.
-        wait_until(lambda: re.search(r"(launched on|now on) 4 GPUs", worker_log.read_text()), 180,
-                   "the run to train on 4 GPUs")
-        wait_until(lambda: iteration() > 600, 180, "the run to train")
-        os.kill(_raylet_of("ray-node-1", os.environ["ELASTICFLOW_RAY_ADDRESS"]), signal.SIGKILL)
-        wait_until(lambda: "cluster changed: lost ray-node-1" in worker_log.read_text(), 120,
-                   "the worker to see the node gone")
+    save_curve("mlp", 32, CURVE)
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=900)
+    run = run_deployment("train/mlp", timeout=0, parameters={
+        "iterations": 8000, "deadline": deadline.isoformat(), "checkpoint_interval": 200})
+    run_id = str(run.id)
 
-        def final() -> object:
-            with get_client(sync_client=True) as client:
-                found = client.read_flow_run(run.id)
-            return found if found.state is not None and found.state.is_final() else None
+    def iteration() -> int:
+        try:
+            return int(json.loads((home / "control" / run_id / "status.json").read_text()).get("iteration", 0))
+        except (OSError, ValueError):
+            return 0
 
-        ended = wait_until(final, 400, "the run to finish")
-        assert ended.state.is_completed(), (ended.state, worker_log.read_text()[-3000:])
-        assert state_names(run_id).count("Pending") == 1  # the same flow run, never relaunched
-        assert iteration() == 20000
-        assert ended.labels.get("elasticflow.nodes") == "ray-node-0"  # where it finished
-        assert "1 switch x 1 nodes x 2 GPUs" in worker_log.read_text()
-        # Ray's error about the node, once and short: not the raylet's state dump (~160 lines)
-        assert "[state-dump]" not in worker_log.read_text()
+    # On both nodes: launched there (spare GPUs granted), or grown there.
+    wait_until(lambda: re.search(r"(launched on|now on) 4 GPUs", said()), 180,
+               "the run to train on 4 GPUs")
+    wait_until(lambda: iteration() > 600, 180, "the run to train")
+    os.kill(_raylet_of("ray-node-1", os.environ["ELASTICFLOW_RAY_ADDRESS"]), signal.SIGKILL)
+    wait_until(lambda: "cluster changed: lost ray-node-1" in said(), 120,
+               "the worker to see the node gone")
+
+    def final() -> object:
+        with get_client(sync_client=True) as client:
+            found = client.read_flow_run(run.id)
+        return found if found.state is not None and found.state.is_final() else None
+
+    ended = wait_until(final, 400, "the run to finish")
+    assert ended.state.is_completed(), (ended.state, said()[-3000:])
+    assert state_names(run_id).count("Pending") == 1  # the same flow run, never relaunched
+    assert iteration() == 8000
+    assert ended.labels.get("elasticflow.nodes") == "ray-node-0"  # where it finished
+    assert "1 switch x 1 nodes x 2 GPUs" in said()
+    # Ray's error about the node, once and short: not the raylet's state dump (~160 lines)
+    assert "[state-dump]" not in worker_log.read_text()

@@ -85,6 +85,8 @@ class ElasticFlowPolicy(SchedulingPolicy):
         for job in sorted(request.arrivals, key=lambda j: (j.submit_time, j.job_id)):
             status.setdefault(job.job_id, JobStatus(job.iterations))
             decisions.append(self._arrive(job, slot, status))
+            if not decisions[-1].admitted:  # nothing of a refused job stays (a service runs for months)
+                self.levels.pop(job.job_id, None)
         alloc = self._allocate(slot, status)
         placement = self._place(slot, alloc, status)  # may give grants back: before anything reads alloc
         wake = self._next_rise(slot, alloc)

@@ -212,3 +212,12 @@ def test_a_job_that_fell_behind_its_plan_is_re_planned_and_keeps_the_spare_gpus_
         reply = policy.schedule(SchedulingRequest(now, [], status={"a": JobStatus(3000, 4)}))
         assert reply.allocation == {"a": 4}
     assert cover(policy.plans["a"], curve, 3, 150.0, 4, 0.0, policy.clock) >= 3000
+
+
+def test_a_refused_job_leaves_nothing_behind_in_the_policy():
+    policy = make_policy("elasticflow", TOPO)
+    policy.schedule(SchedulingRequest(0.0, [job("a", 5.5 * 6800, 7200)]))  # takes the cluster
+    refused = [job(f"r{i}", 5.5 * 6800, 7200, submit=1.0) for i in range(50)]
+    decisions = policy.schedule(SchedulingRequest(1.0, refused, status={"a": JobStatus(5.5 * 6800, 8)})).decisions
+    assert not any(d.admitted for d in decisions)
+    assert set(policy.jobs) == {"a"} and set(policy.levels) == {"a"} and set(policy.plans) == {"a"}

@@ -23,6 +23,7 @@ in deadline order, and can crowd out later jobs.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from dataclasses import dataclass
 from typing import Mapping
 
 from scheduler_service.policy.admission import (
@@ -44,6 +45,17 @@ from scheduler_service.policy.topology import Topology
 
 REPLAN_ALL_UP_TO = 1_000  # admitted jobs; see _replan_with
 DISPLACE_AT_MOST = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Promises:
+    """What the admitted plans hold over a window: at most `gpus` at once, by
+    `runs` plans, the last of which ends `ends_in_s` from now (what a refusal
+    for capacity can say)."""
+
+    gpus: int
+    runs: int
+    ends_in_s: float
 
 
 class ElasticFlowPolicy(SchedulingPolicy):
@@ -250,6 +262,14 @@ class ElasticFlowPolicy(SchedulingPolicy):
             job_id=job.job_id, admitted=True, guaranteed=True, share=plan.share, guaranteed_finish=finish,
             message=f"admitted with a minimum satisfactory share of {plan.share} GPU(s)",
         )
+
+    def promises(self, now: float, until: float) -> Promises:
+        """What the admitted plans hold between `now` and `until`."""
+        slot, end = self.clock.slot_of(now), self.clock.slot_after(until)
+        free = min((f for _, _, f in self.timeline.forward(slot, max(end, slot + 1))), default=self.topology.num_gpus)
+        overlapping = [plan for plan in self.plans.values() if plan.runs and plan.end > slot and plan.runs[0].start < end]
+        last = max((plan.end for plan in self.plans.values()), default=slot)
+        return Promises(self.topology.num_gpus - free, len(overlapping), max(0.0, last * self.clock.interval - now))
 
     @staticmethod
     def _reject(job: Job, reason: RejectReason, message: str, earliest: float | None = None) -> Decision:

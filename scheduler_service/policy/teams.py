@@ -103,7 +103,7 @@ class TeamsPolicy(SchedulingPolicy):
         for name, policy in self.inner.items():
             mine = {j: st for j, st in request.status.items() if j in self.jobs and self.jobs[j].team == name}
             replies[name] = policy.schedule(SchedulingRequest(now, arrivals[name], finished[name], mine))
-        decisions = refused + [self._said(name, d) for name, r in replies.items() for d in r.decisions]
+        decisions = refused + [self._said(name, d, now) for name, r in replies.items() for d in r.decisions]
         for d in decisions:
             if not d.admitted:
                 self.jobs.pop(d.job_id, None)
@@ -202,17 +202,37 @@ class TeamsPolicy(SchedulingPolicy):
         return placement
 
     # -- what users are told ---------------------------------------------------
-    def _said(self, team: str, decision: Decision) -> Decision:
+    def _said(self, team: str, decision: Decision, now: float) -> Decision:
         """A decision in the team's terms: a rejection names the team and its
-        share, and one the team's share cannot hold, though the cluster could,
-        says so rather than "infeasible even on an idle cluster"."""
+        share, one for capacity says how much of the share is promised and
+        for how long, and one the team's share cannot hold, though the
+        cluster could, says so rather than "infeasible even on an idle
+        cluster"."""
         if decision.admitted:
             return decision
-        share = self.teams[team].share
+        share, inner = self.teams[team].share, self.inner[team]
         update: dict[str, object] = {"message": f"team {team} ({share} guaranteed GPUs): {decision.message}"}
+        job = self.jobs[decision.job_id]
+        if decision.reason in (RejectReason.INSUFFICIENT_CAPACITY, RejectReason.WINDOW_IN_DEMAND) \
+                and isinstance(inner, ElasticFlowPolicy) and job.deadline is not None:
+            promised = inner.promises(now, job.deadline)
+            runs = f"{promised.runs} admitted run{'s' if promised.runs != 1 else ''}"
+            said = (f"team {team}: up to {promised.gpus} of its {share} guaranteed GPUs are promised to {runs} "
+                    f"before this run's deadline (the last promise ends in {duration(promised.ends_in_s)})")
+            # The pricing's reason says more than the count; the count says nothing more.
+            update["message"] = said if decision.reason is RejectReason.INSUFFICIENT_CAPACITY \
+                else f"{said}; {decision.message}"
         if decision.reason is RejectReason.INFEASIBLE_ALONE and share < self.topology.num_gpus:
             update["reason"] = RejectReason.INSUFFICIENT_CAPACITY
             update["message"] = (f"team {team} ({share} guaranteed GPUs): even its whole share cannot finish it in "
                                  f"time ({decision.message.replace('the whole cluster', 'all of them')}); a later "
                                  "deadline, or a team with a larger share")
         return decision.model_copy(update=update)
+
+
+def duration(seconds: float) -> str:
+    """A span for a person: 40 s, 12 min, 3 h 05 min."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"

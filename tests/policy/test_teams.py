@@ -31,7 +31,8 @@ def test_a_team_that_floods_fills_its_own_share_and_no_one_elses():
     assert [d.admitted for d in reply.decisions] == [True, False, False]
     refused = reply.decisions[1]
     assert refused.reason is RejectReason.INSUFFICIENT_CAPACITY
-    assert refused.message.startswith("team vision (4 guaranteed GPUs): ")
+    assert refused.message == ("team vision: up to 4 of its 4 guaranteed GPUs are promised to 1 admitted run before "
+                               "this run's deadline (the last promise ends in 1 h 03 min)")
     assert refused.earliest_feasible_deadline > 3600 + 300
     status = {"v0": JobStatus(flood[0].iterations, reply.allocation["v0"], 0.0)}
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("s0", "speech", 3.6 * 3600, 3600 + 300)],

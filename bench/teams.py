@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scheduler_service.simulator.reproduce import run_comparison  # noqa: E402
-from scheduler_service.simulator.teams_case import Line, TeamsScenario, kept, markdown  # noqa: E402
+from scheduler_service.simulator.teams_case import Line, TeamsScenario, markdown, moved_by_flood  # noqa: E402
 
 
 def main() -> None:
@@ -33,13 +33,13 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=300, help="team a's extra jobs, all within the first hour")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    report = run_comparison([], workers=2, teams=TeamsScenario(flood=args.flood, seed=args.seed))
-    teams = report.teams
+    report = run_comparison([], workers=2, teams_scenario=TeamsScenario(flood=args.flood, seed=args.seed))
+    teams = report.teams_scenario
     assert teams is not None
     print(markdown(teams))
-    flood = {t: teams.results[Line(teams=t, flooded=True).name] for t in (True, False)}
-    print(json.dumps({"others_moved_teams": round(kept(teams, True), 4), "others_moved_one_queue":
-                      round(kept(teams, False), 4), "use_teams_minus_one_queue":
+    flood = {t: teams.results[Line(with_teams=t, flooded=True).name] for t in (True, False)}
+    print(json.dumps({"others_moved_teams": round(moved_by_flood(teams, True), 4), "others_moved_one_queue":
+                      round(moved_by_flood(teams, False), 4), "use_teams_minus_one_queue":
                       round(flood[True].gpu_utilization - flood[False].gpu_utilization, 4),
                       "admitted_missed": sum(r.admitted_missed for r in teams.results.values()),
                       "wall_s": round(report.wall_s, 1)}))

@@ -30,16 +30,21 @@ CLOSE_S = 10.0  # at the run's end, how long what is still waiting may take to g
 
 
 class Outbox:
-    """Calls made one at a time on a thread of their own, in the order given.
-    A call with a `key` replaces one of the same key still waiting: of
-    routine progress only the newest matters, and of two states only the
-    last."""
+    """Calls made one at a time on a thread of their own, in the order given,
+    except that a call with a `key` takes the place of one of the same key
+    still waiting: of routine progress only the newest matters, and of two
+    states only the last. Calls without a key (events) are each worth making,
+    up to `MAX_WAITING` of them: beyond, the oldest go (a server that answers
+    slower than a run reports must not cost the flow's memory)."""
+
+    MAX_WAITING = 500
 
     def __init__(self, name: str) -> None:
         self._ready = threading.Condition()
         self._waiting: deque[tuple[str | None, Callable[[], Any]]] = deque()
         self._in_flight: str | None = None  # the key of the call being made, "" if it has none; None: idle
         self._closed = False
+        self._shed = 0  # calls dropped for room, told once
         # The creator's context goes along: Prefect's settings and the flow
         # run's context (an artifact belongs to the run it is created in).
         context = contextvars.copy_context()
@@ -54,6 +59,13 @@ class Outbox:
                 if key is not None and waiting_key == key:
                     self._waiting[i] = (key, call)
                     return
+            if len(self._waiting) >= self.MAX_WAITING:
+                oldest = next((i for i, (k, _) in enumerate(self._waiting) if k is None), None)
+                if oldest is not None:
+                    del self._waiting[oldest]
+                    self._shed += 1
+                    if self._shed == 1:
+                        log.warning("Prefect is far behind: the oldest progress events are dropped")
             self._waiting.append((key, call))
             self._ready.notify_all()
 
@@ -63,7 +75,8 @@ class Outbox:
             return self._in_flight == key or any(k == key for k, _ in self._waiting)
 
     def flush(self, timeout_s: float) -> bool:
-        """Until nothing waits and no call is being made, at most `timeout_s`; whether so."""
+        """Until nothing waits and no call is being made, at most `timeout_s`;
+        whether so (a test, or a caller that wants Prefect told before it goes on)."""
         end = time.monotonic() + timeout_s
         with self._ready:
             while self._waiting or self._in_flight is not None:
@@ -73,22 +86,28 @@ class Outbox:
                 self._ready.wait(left)
             return True
 
-    def close(self, timeout_s: float, after: Callable[[str | None], bool]) -> None:
+    def close(self, timeout_s: float, after: Callable[[str | None], bool], join_s: float = 120.0) -> None:
         """Take no more; let what waits go out for `timeout_s`, then drop it,
-        and wait for the call being made if `after(its key)` says it must not
-        land after the caller returns (a state after the run's final one)."""
+        and wait (at most `join_s`) for the call being made if `after(its
+        key)` says it must not land after the caller returns (a state after
+        the run's final one would reopen the run)."""
         with self._ready:
             self._closed = True
+            self._ready.notify_all()  # an idle thread ends now
         if self.flush(timeout_s):
             return
         with self._ready:
             dropped = len(self._waiting)
             self._waiting.clear()
             self._ready.notify_all()
-            must_wait = self._in_flight is not None and after(self._in_flight)
-        log.warning("Prefect is slow: %d progress updates dropped at the run's end", dropped)
-        if must_wait:
-            self._thread.join()
+            in_flight = self._in_flight
+        if dropped:
+            log.warning("Prefect is slow: %d progress updates dropped at the run's end", dropped)
+        if in_flight is not None and after(in_flight):
+            self._thread.join(join_s)
+            if self._thread.is_alive():
+                log.warning("a state change to Prefect is still unanswered after %.0f s; it may land after the "
+                            "run's end", timeout_s + join_s)
 
     def _serve(self) -> None:
         while True:
@@ -141,7 +160,9 @@ class PrefectProgress(ProgressTracker):
         self._outbox.close(timeout_s, after=lambda key: key == "state")
 
     def _safely(self, what: str, call: Callable[[], Any]) -> Callable[[], Any]:
-        """`call` as the outbox makes it: skipped while paused, never raising."""
+        """`call` as the outbox makes it: skipped while Prefect is paused (an
+        unreachable API is not asked at every iteration), never raising (Prefect
+        must never fail training)."""
         def guarded() -> Any:
             if not self.enabled:
                 return None

@@ -282,6 +282,7 @@ def run_training(
             termination.segment = None
 
     status: Status = "completed"
+    failed = False
     try:
         while run.iteration < total:
             if not run.take_command():
@@ -322,9 +323,9 @@ def run_training(
                 status = "preempted"
                 break
     except BaseException:
+        failed = True
         termination.received = False  # already failing: just put the handler back
         termination.restore_and_forward()
-        tracker.close()
         raise
     finally:
         try:
@@ -333,6 +334,8 @@ def run_training(
             run.acknowledge()
         finally:
             ranks.close()
+            if failed:  # once the ranks are gone: their GPUs never wait for Prefect
+                tracker.close()
     tracker.finished(status)
     tracker.close()
     termination.restore_and_forward()  # checkpoint is safe: now let SIGTERM do what it would have done

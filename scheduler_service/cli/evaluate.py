@@ -66,7 +66,8 @@ def reproduce(
             if not errors.is_terminal:  # a bar is drawn only on a terminal: a log gets a line per case
                 errors.print(f"[{done}/{total}] {what}", highlight=False, soft_wrap=True)
 
-        report = run_comparison(cases, workers, on_progress, TeamsScenario() if teams and not quick else None)
+        report = run_comparison(cases, workers, on_progress,
+                                teams_scenario=TeamsScenario() if teams and not quick else None)
     paths = write_report(report, out)
     console.print((out / "results.md").read_text())
     for key, h in report.headline.items():

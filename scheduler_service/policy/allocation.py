@@ -107,13 +107,26 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
 
 
 def falls_short(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:
-    """Its plan no longer covers what is left (it started or ran slower than
-    planned, and no re-plan found it room): it misses on its plan whatever it
-    is given, so spare GPUs cannot cost it a guarantee, and are its one chance
-    not to miss. Refused them as unsafe, a run parked a minute before its
-    deadline sat beside two idle GPUs until the deadline passed (a CI burst)."""
+    """Its plan no longer covers what is left, from where it stands (it
+    started or ran slower than planned, and no re-plan found it room; or it
+    caught up on a grant, and handed back now it would not)."""
     assert job.deadline is not None
     return cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, clock) < st.remaining
+
+
+def grant_rescues(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock,
+                  unclaimed_s: float) -> bool:
+    """A grant beyond the plan to a job that falls short on it: it misses on
+    its plan whatever it gets, so the grant cannot cost it a guarantee, and it
+    is its one chance not to miss; worth it if it does more work, start paid,
+    in the time no plan claims the GPUs than the job does where it is.
+    Refused such grants as unsafe, a run of a CI burst that started a minute
+    late was parked and sat beside two idle GPUs until its deadline passed."""
+    if gpus <= plan.gpus_at(slot) or not falls_short(job, plan, st, slot, clock):
+        return False
+    here = job.curve.speed(st.gpus) if st.gpus in job.curve.points else 0.0
+    start = st.overhead_left if gpus == st.gpus else clock.overhead(gpus)
+    return job.curve.speed(gpus) * max(0.0, unclaimed_s - start) > here * unclaimed_s
 
 
 def waits_for_its_plan(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:

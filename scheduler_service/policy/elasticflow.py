@@ -23,20 +23,20 @@ in deadline order, and can crowd out later jobs.
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from dataclasses import dataclass
 from typing import Mapping
 
 from scheduler_service.policy.admission import (
     Candidate, Refused, Replanned, displace, earliest_deadline, placeable_throughout, plan_all, plan_one,
 )
 from scheduler_service.policy.allocation import (
-    cannot_afford_restarts, falls_short, grant_is_safe, grow, narrower_for_now, unclaimed_s)
+    cannot_afford_restarts, grant_is_safe, grant_rescues, grow, narrower_for_now, unclaimed_s)
 from scheduler_service.policy.interface import (
     Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.placement import Placement
+from scheduler_service.policy.promises import Promises, promised
 from scheduler_service.policy.plan import Overhead, Plan, cover, fill
 from scheduler_service.policy.strategies import SHIPPED, ElasticFlowStrategies
 from scheduler_service.policy.timeline import Timeline
@@ -45,17 +45,6 @@ from scheduler_service.policy.topology import Topology
 
 REPLAN_ALL_UP_TO = 1_000  # admitted jobs; see _replan_with
 DISPLACE_AT_MOST = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Promises:
-    """What the admitted plans hold over a window: at most `gpus` at once, by
-    `runs` plans, the last of which ends `ends_in_s` from now (what a refusal
-    for capacity can say)."""
-
-    gpus: int
-    runs: int
-    ends_in_s: float
 
 
 class ElasticFlowPolicy(SchedulingPolicy):
@@ -97,7 +86,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         for job in sorted(request.arrivals, key=lambda j: (j.submit_time, j.job_id)):
             status.setdefault(job.job_id, JobStatus(job.iterations))
             decisions.append(self._arrive(job, slot, status))
-            if not decisions[-1].admitted:  # nothing of a refused job stays (a service runs for months)
+            if not decisions[-1].admitted and job.job_id not in self.jobs:  # nothing of it stays (for months)
                 self.levels.pop(job.job_id, None)
         alloc = self._allocate(slot, status)
         placement = self._place(slot, alloc, status)  # may give grants back: before anything reads alloc
@@ -264,12 +253,8 @@ class ElasticFlowPolicy(SchedulingPolicy):
         )
 
     def promises(self, now: float, until: float) -> Promises:
-        """What the admitted plans hold between `now` and `until`."""
-        slot, end = self.clock.slot_of(now), self.clock.slot_after(until)
-        free = min((f for _, _, f in self.timeline.forward(slot, max(end, slot + 1))), default=self.topology.num_gpus)
-        overlapping = [plan for plan in self.plans.values() if plan.runs and plan.end > slot and plan.runs[0].start < end]
-        last = max((plan.end for plan in self.plans.values()), default=slot)
-        return Promises(self.topology.num_gpus - free, len(overlapping), max(0.0, last * self.clock.interval - now))
+        """What the admitted plans hold until `until`: what a refusal for capacity can tell."""
+        return promised(self.plans.values(), self.timeline, self.clock, now, until)
 
     @staticmethod
     def _reject(job: Job, reason: RejectReason, message: str, earliest: float | None = None) -> Decision:
@@ -428,9 +413,9 @@ class ElasticFlowPolicy(SchedulingPolicy):
 
         def safe(job_id: str, gpus: int) -> bool:  # a grant of spare GPUs, beyond the plan
             st = status[job_id]
-            return self._safe(job_id, gpus, slot, st) or (
-                job_id in self.guaranteed and gpus > self.plans[job_id].gpus_at(slot)
-                and falls_short(self.jobs[job_id], self.plans[job_id], st, slot, self.clock))
+            return self._safe(job_id, gpus, slot, st) or (job_id in self.guaranteed and grant_rescues(
+                self.jobs[job_id], self.plans[job_id], st, gpus, slot, self.clock,
+                unclaimed_s(self.timeline, slot, gpus, self.clock)))
 
         deadline_jobs = sorted(self.plans, key=lambda j: (self.jobs[j].deadline, j))
         spare = grow(deadline_jobs, self.jobs, self.levels, status, alloc, spare, safe)

@@ -216,7 +216,7 @@ class TeamsPolicy(SchedulingPolicy):
         if decision.reason in (RejectReason.INSUFFICIENT_CAPACITY, RejectReason.WINDOW_IN_DEMAND) \
                 and isinstance(inner, ElasticFlowPolicy) and job.deadline is not None:
             promised = inner.promises(now, job.deadline)
-            runs = f"{promised.runs} admitted run{'s' if promised.runs != 1 else ''}"
+            runs = f"{promised.plans} admitted run{'s' if promised.plans != 1 else ''}"
             said = (f"team {team}: up to {promised.gpus} of its {share} guaranteed GPUs are promised to {runs} "
                     f"before this run's deadline (the last promise ends in {duration(promised.ends_in_s)})")
             # The pricing's reason says more than the count; the count says nothing more.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -128,6 +128,8 @@ class Experiment:
                         if not grouped:
                             raise
                         raise InputError(self.teams or "", None, None, str(exc)) from None
+                    if teams and not grouped:  # its own name in the table, the jobs CSV and the plot
+                        run = replace(run, policy=f"{name} (one queue)")
                     runs.append(run)
                     result = summarize(run, self.trace.stem, self.cluster.stem, self.interval, actuation)
                     note = "; ".join(n for n in (note, derived) if n) or None

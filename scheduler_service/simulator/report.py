@@ -20,16 +20,14 @@ def results_table(results: Sequence[PolicyResult], title: str = "") -> Table:
     table = Table(title=title or None)
     kinds = list(dict.fromkeys(k for r in results for k in r.use_by_kind))
     teams = list(dict.fromkeys(t for r in results for t in r.ratio_by_team))
-    queues = any(r.one_queue for r in results)  # runs with the teams file and without it
-    for name, justify in [("policy", "left"), ("actuation", "left"), *([("queues", "left")] if queues else []),
-                          ("ratio", "right"), ("met", "right"),
+    for name, justify in [("policy", "left"), ("actuation", "left"), ("ratio", "right"), ("met", "right"),
                           ("admit", "right"), ("reject", "right"), ("adm.miss", "right"),
                           ("JCT h", "right"), ("util", "right"), *((f"util {k}", "right") for k in kinds),
                           *((f"ratio {t}", "right") for t in teams), ("wall s", "right")]:
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
         table.add_row(
-            r.policy, r.actuation, *(["one" if r.one_queue else "teams"] if queues else []), f"{r.deadline_ratio:.3f}", f"{r.met_deadline}/{r.deadline_jobs}", str(r.admitted),
+            r.policy, r.actuation, f"{r.deadline_ratio:.3f}", f"{r.met_deadline}/{r.deadline_jobs}", str(r.admitted),
             str(r.rejected), str(r.admitted_missed),
             "-" if r.avg_jct_s is None else f"{r.avg_jct_s / 3600:.2f}", f"{r.gpu_utilization:.2f}",
             *(f"{r.use_by_kind[k]:.2f}" if k in r.use_by_kind else "-" for k in kinds),

@@ -102,7 +102,7 @@ class Report(BaseModel):
     bounds: dict[str, BoundResult]
     cases: list[Case]
     headline: dict[str, dict[str, float | str]]  # case -> elasticflow / best baseline
-    teams: TeamsReport | None = None
+    teams_scenario: TeamsReport | None = None
     wall_s: float = 0.0
 
 
@@ -135,9 +135,9 @@ def _bound(case_json: str) -> BoundResult:
 
 def run_comparison(
     cases: Sequence[Case], workers: int = 2, on_progress: Callable[[str, int, int], None] | None = None,
-    teams: TeamsScenario | None = None,
+    teams_scenario: TeamsScenario | None = None,
 ) -> Report:
-    """Every case's policies and bound, and the `teams` scenario's lines and
+    """Every case's policies and bound, and the teams scenario's lines and
     bounds, on `workers` processes."""
     import time
 
@@ -155,9 +155,9 @@ def run_comparison(
     team_bounds: dict[str, dict[str, float]] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         lines, team_bounds_of = {}, {}
-        if teams is not None:  # each line is as long as a big trace's: first, as those are
-            lines = {pool.submit(run_line, teams, line): line.name for line in LINES}
-            team_bounds_of = {pool.submit(bounds_on_shares, teams, flooded): "flood" if flooded else "calm"
+        if teams_scenario is not None:  # each line is as long as a big trace's: first, as those are
+            lines = {pool.submit(run_line, teams_scenario, line): line.name for line in LINES}
+            team_bounds_of = {pool.submit(bounds_on_shares, teams_scenario, flooded): "flood" if flooded else "calm"
                               for flooded in (False, True)}
         futures = {}
         for case, policy, actuation in tasks:
@@ -182,10 +182,10 @@ def run_comparison(
             if on_progress is not None:
                 on_progress(what, done, len(every))
     ordered = [results[(c.key, p, a)] for c in cases for p in (c.policies or list(POLICIES)) for a in actuations(p)]
-    team_report = (TeamsReport(scenario=teams, results=team_results, bounds=team_bounds)
-                   if teams is not None else None)
+    team_report = (TeamsReport(scenario=teams_scenario, results=team_results, bounds=team_bounds)
+                   if teams_scenario is not None else None)
     return Report(results=ordered, bounds=bounds, cases=list(cases), headline=_headline(cases, results),
-                  teams=team_report, wall_s=time.perf_counter() - started)
+                  teams_scenario=team_report, wall_s=time.perf_counter() - started)
 
 
 def _headline(cases: Sequence[Case], results: dict[tuple[str, str, Actuation], PolicyResult]
@@ -216,9 +216,9 @@ def write_report(report: Report, out: Path) -> list[Path]:
         paths += [out / "deadline_ratios.png", out / "cluster_size.png"]
         _plot_ratios(report, paths[2])
         _plot_cluster_size(report, paths[3])
-    if report.teams is not None:
+    if report.teams_scenario is not None:
         paths.append(out / "teams.png")
-        plot_teams(report.teams, paths[-1])
+        plot_teams(report.teams_scenario, paths[-1])
     return paths
 
 
@@ -264,8 +264,8 @@ def markdown(report: Report) -> str:
     lines += ["", f"Jobs our policies admitted that missed their deadline, across all cases: {missed['service']} "
                   f"through the service's loop, {missed['ideal']} bare.",
               f"Wall time of the whole comparison: {report.wall_s:.0f} s.", ""]
-    if report.teams is not None:
-        lines.append(teams_markdown(report.teams))
+    if report.teams_scenario is not None:
+        lines.append(teams_markdown(report.teams_scenario))
     return "\n".join(lines)
 
 

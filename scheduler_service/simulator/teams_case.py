@@ -20,8 +20,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from scheduler_service.policy.registry import DEFAULT_POLICY
+from scheduler_service.policy.jobs import Job
 from scheduler_service.policy.teams import Team
-from scheduler_service.policy.topology import Topology
+from scheduler_service.policy.topology import AnyTopology, Topology
 from scheduler_service.simulator.bound import deadline_ratio_bound
 from scheduler_service.simulator.experiment import data_dir, load_jobs, simulate_policy
 from scheduler_service.simulator.metrics import PolicyResult, summarize
@@ -44,23 +45,23 @@ class TeamsScenario(BaseModel):
     def flooder(self) -> str:
         return next(iter(self.shares))
 
-    def teams(self) -> tuple[Team, ...]:
+    def team_list(self) -> tuple[Team, ...]:
         return tuple(Team(name, share) for name, share in self.shares.items())
 
 
 class Line(BaseModel):
     """One run of the scenario's jobs."""
 
-    teams: bool  # with the teams file, or one queue
+    with_teams: bool  # with the teams file, or one queue
     flooded: bool
 
     @property
     def name(self) -> str:
-        return f"{'teams' if self.teams else 'one queue'}, {'flood' if self.flooded else 'calm'}"
+        return f"{'teams' if self.with_teams else 'one queue'}, {'flood' if self.flooded else 'calm'}"
 
 
-LINES = (Line(teams=True, flooded=False), Line(teams=True, flooded=True),
-         Line(teams=False, flooded=False), Line(teams=False, flooded=True))
+LINES = (Line(with_teams=True, flooded=False), Line(with_teams=True, flooded=True),
+         Line(with_teams=False, flooded=False), Line(with_teams=False, flooded=True))
 
 
 class TeamsReport(BaseModel):
@@ -90,7 +91,7 @@ def write_trace(scenario: TeamsScenario, folder: Path, flooded: bool) -> Path:
     return path
 
 
-def _jobs(scenario: TeamsScenario, flooded: bool):
+def _jobs(scenario: TeamsScenario, flooded: bool) -> tuple[list[Job], AnyTopology]:
     data = data_dir()
     with tempfile.TemporaryDirectory(prefix="teams-") as folder:
         path = write_trace(scenario, Path(folder), flooded)
@@ -104,7 +105,7 @@ def run_line(scenario: TeamsScenario, line: Line) -> PolicyResult:
     jobs, topology = _jobs(scenario, line.flooded)
     run, _ = simulate_policy(jobs, topology, scenario.policy, scenario.interval,
                              data_dir() / "throughputs" / scenario.gpu, "service",
-                             teams=scenario.teams() if line.teams else ())
+                             teams=scenario.team_list() if line.with_teams else ())
     return summarize(run, f"{scenario.trace} ({line.name})", scenario.cluster, scenario.interval, "service")
 
 
@@ -115,11 +116,13 @@ def bounds_on_shares(scenario: TeamsScenario, flooded: bool) -> dict[str, float]
             for team, share in scenario.shares.items()}
 
 
-def kept(report: TeamsReport, teams: bool) -> float:
-    """How far the flood moved the other teams' ratios, at most."""
-    calm, flood = (report.results[Line(teams=teams, flooded=f).name] for f in (False, True))
-    others = [t for t in report.scenario.shares if t != report.scenario.flooder]
-    return max(abs(flood.ratio_by_team[t] - calm.ratio_by_team[t]) for t in others)
+def moved_by_flood(report: TeamsReport, with_teams: bool) -> float:
+    """How far the flood moved the other teams' ratios, at most (teams with
+    no deadline job have no ratio to move)."""
+    calm, flood = (report.results[Line(with_teams=with_teams, flooded=f).name] for f in (False, True))
+    others = [t for t in report.scenario.shares if t != report.scenario.flooder
+              and t in calm.ratio_by_team and t in flood.ratio_by_team]
+    return max((abs(flood.ratio_by_team[t] - calm.ratio_by_team[t]) for t in others), default=0.0)
 
 
 def markdown(report: TeamsReport) -> str:
@@ -134,15 +137,19 @@ def markdown(report: TeamsReport) -> str:
              "|---|" + "---|" * (len(names) + 3)]
     for line in LINES:
         r = report.results[line.name]
-        lines.append(f"| {line.name} | " + " | ".join(f"{r.ratio_by_team[t]:.3f}" for t in names)
+        lines.append(f"| {line.name} | " + " | ".join(_ratio(r.ratio_by_team.get(t)) for t in names)
                      + f" | {r.deadline_ratio:.3f} | {r.gpu_utilization:.3f} | {r.admitted_missed} |")
     for when, bound in report.bounds.items():
         lines.append(f"| bound on share, {when} | " + " | ".join(f"{bound[t]:.3f}" for t in names) + " | | | |")
-    flood_teams, flood_one = (report.results[Line(teams=t, flooded=True).name] for t in (True, False))
-    lines += ["", f"Under the flood the other teams' ratios move by at most {kept(report, True):.3f} with teams, "
-                  f"{kept(report, False):.3f} in one queue; GPU use with teams minus one queue: "
+    flood_teams, flood_one = (report.results[Line(with_teams=t, flooded=True).name] for t in (True, False))
+    lines += ["", f"Under the flood the other teams' ratios move by at most {moved_by_flood(report, True):.3f} "
+                  f"with teams, {moved_by_flood(report, False):.3f} in one queue; GPU use with teams minus one queue: "
                   f"{flood_teams.gpu_utilization - flood_one.gpu_utilization:+.3f}.", ""]
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"  # a team with no deadline job has no ratio
 
 
 def plot(report: TeamsReport, path: Path) -> None:
@@ -157,7 +164,7 @@ def plot(report: TeamsReport, path: Path) -> None:
     width = 0.8 / len(LINES)
     for i, line in enumerate(LINES):
         ratios = report.results[line.name].ratio_by_team
-        ax.bar([k + i * width for k in range(len(names))], [ratios[t] for t in names], width, label=line.name,
+        ax.bar([k + i * width for k in range(len(names))], [ratios.get(t, 0.0) for t in names], width, label=line.name,
                color=f"C{i}", hatch="//" if line.flooded else None, edgecolor="white")
     for when, style in (("calm", "k_"), ("flood", "r_")):
         if when in report.bounds:

@@ -4,7 +4,9 @@ risk to its guarantee, and never a reason to move a guaranteed run instead."""
 
 from __future__ import annotations
 
-from scheduler_service.policy.allocation import affords_restarts, falls_short, grant_is_safe, unclaimed_s
+from scheduler_service.policy.allocation import (
+    affords_restarts, falls_short, grant_is_safe, grant_rescues, unclaimed_s,
+)
 from scheduler_service.policy.jobs import Job, JobStatus, ThroughputCurve
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.policy.plan import Plan, Run, SlotClock
@@ -62,3 +64,14 @@ def test_a_run_its_plan_no_longer_carries_gets_the_idle_gpus_its_one_chance() ->
     short = Plan((Run(0, 10, 1),), 1)  # 20 s on 1 GPU: 20,000 iterations less its start
     assert falls_short(JOB, short, JobStatus(25_000.0, 1, 0.0), 0, CLOCK)
     assert not falls_short(JOB, short, JobStatus(5000.0, 1, 0.0), 0, CLOCK)
+
+
+def test_a_grant_to_a_run_that_falls_short_must_do_more_than_where_it_is_in_the_time_it_lasts() -> None:
+    wide = Job("w", 0.0, 60_000.0, 600.0, ThroughputCurve({1: 1000.0, 2: 1900.0}))
+    short = Plan((Run(0, 10, 1),), 1)
+    behind = JobStatus(60_000.0, 1, 0.0)
+    assert grant_rescues(wide, short, behind, 2, 0, CLOCK, unclaimed_s=10.0)  # 1,900/s for 7.5 s > 1,000/s for 10
+    assert not grant_rescues(wide, short, behind, 2, 0, CLOCK, unclaimed_s=4.0)  # claimed before it pays its start
+    parked = JobStatus(60_000.0, 0, 0.0)
+    assert grant_rescues(wide, short, parked, 2, 0, CLOCK, unclaimed_s=4.0)  # anything beats nothing
+    assert not grant_rescues(wide, short, JobStatus(5000.0, 1, 0.0), 2, 0, CLOCK, unclaimed_s=10.0)  # on its plan

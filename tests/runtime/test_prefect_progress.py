@@ -21,9 +21,10 @@ def _stopped(gpus: list[int], iteration: int) -> SegmentResult:
 
 
 def test_the_outbox_keeps_order_and_only_the_newest_of_a_key() -> None:
-    gate, made = threading.Event(), []
+    gate, holding, made = threading.Event(), threading.Event(), []
     outbox = Outbox("test")
-    outbox.put(gate.wait)  # holds the thread while the rest queue up
+    outbox.put(lambda: holding.set() or gate.wait())  # holds the thread while the rest queue up
+    assert holding.wait(5.0)
     for name, key in [("a1", "a"), ("e1", None), ("a2", "a"), ("s1", "state"), ("e2", None), ("s2", "state")]:
         outbox.put(lambda name=name: made.append(name), key=key)
     assert outbox.holds("state") and not outbox.holds("labels")
@@ -104,3 +105,20 @@ def test_progress_never_fails_training_without_an_api(monkeypatch: pytest.Monkey
         tracker.finished("completed")
         tracker.close()
     assert tracker.snapshot().iteration == 10
+
+
+def test_closing_an_idle_outbox_ends_its_thread_and_events_are_capped() -> None:
+    outbox = Outbox("test")
+    outbox.close(1.0, after=lambda key: False)
+    outbox._thread.join(2.0)  # noqa: SLF001 - the thread is what this checks
+    assert not outbox._thread.is_alive()  # noqa: SLF001
+
+    gate, holding, made = threading.Event(), threading.Event(), []
+    outbox = Outbox("test")
+    outbox.put(lambda: holding.set() or gate.wait())
+    assert holding.wait(5.0)  # the thread is in that call: the rest wait
+    for i in range(Outbox.MAX_WAITING + 10):
+        outbox.put(lambda i=i: made.append(i))
+    gate.set()
+    assert outbox.flush(10.0)
+    assert len(made) == Outbox.MAX_WAITING and made[0] == 10  # the oldest went

@@ -110,7 +110,8 @@ def test_simulate_with_teams_runs_one_queue_beside_and_gives_each_teams_bound(tm
     result = simulate(trace, tmp_path, "--policy", "elasticflow", "--teams", str(teams))
     assert result.exit_code == 0, result.output
     payload = json.loads((tmp_path / "out.json").read_text())
-    assert [r["one_queue"] for r in payload["results"]] == [False, True]
+    assert [(r["policy"], r["one_queue"]) for r in payload["results"]] == [
+        ("elasticflow", False), ("elasticflow (one queue)", True)]
     assert all(set(r["ratio_by_team"]) == {"a", "b"} for r in payload["results"])
-    assert "│ elasticflow │ service   │ one    │" in result.output
+    assert "elasticflow (one queue)" in result.output
     assert "LP bound of each team's jobs alone on its share: a 1.000, b 1.000" in result.output

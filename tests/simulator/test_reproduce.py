@@ -74,8 +74,8 @@ def test_the_teams_scenario_reports_each_team_with_and_without_teams_and_its_bou
     from scheduler_service.simulator.teams_case import LINES, TeamsScenario
 
     scenario = TeamsScenario(first=90, flood=60, shares={"a": 32, "b": 16, "c": 16})
-    report = run_comparison([], workers=2, teams=scenario)
-    teams = report.teams
+    report = run_comparison([], workers=2, teams_scenario=scenario)
+    teams = report.teams_scenario
     assert set(teams.results) == {line.name for line in LINES} and set(teams.bounds) == {"calm", "flood"}
     for line in LINES:
         result = teams.results[line.name]
@@ -87,4 +87,4 @@ def test_the_teams_scenario_reports_each_team_with_and_without_teams_and_its_bou
     text = (tmp_path / "results.md").read_text()
     assert "| teams, flood |" in text and "| bound on share, flood |" in text and "team a floods" in text
     assert (tmp_path / "teams.png").stat().st_size > 10_000
-    assert Report.model_validate_json((tmp_path / "results.json").read_text()).teams == teams
+    assert Report.model_validate_json((tmp_path / "results.json").read_text()).teams_scenario == teams

@@ -61,7 +61,11 @@ class UiStack:
     chromium: str
 
 
-@pytest.fixture(scope="module")
+# The stack and its runs for the whole session of the worker that runs these:
+# xdist may hand this group's tests over in two parts, and a module's
+# fixtures are made again for the second (a minute of the suite, twice). The
+# browser stays module-scoped: its event loop must not outlive these tests.
+@pytest.fixture(scope="session")
 def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStack]:
     pytest.importorskip("playwright", reason="playwright is not installed (pip install -e '.[dev]')")
     chromium = find_chromium()
@@ -133,7 +137,7 @@ def _cluster_artifact(stack: Stack, run: Any) -> str:
     return stack.wait_until(published, 60, "the worker's cluster artifact to list the finished run")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(ui_stack: UiStack) -> Runs:
     """One run rejected, one admitted and completed, and the cluster artifact,
     before any browser starts: Playwright's sync API runs an event loop in this

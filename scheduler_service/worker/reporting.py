@@ -50,6 +50,7 @@ VERBS = {AllocationAction.LAUNCH: "launched", AllocationAction.RESCALE: "resized
 # which waits for its Admitted state, would start later than planned.
 BACKLOG_PER_REQUEST = 4
 DRAIN_S = 5.0  # a graceful stop waits this long at most for Prefect to hear what already happened
+DECISION_TIMES = 1000  # the policy calls whose duration the cluster view's figures are made of
 
 
 class Reporter:
@@ -63,7 +64,7 @@ class Reporter:
         self.lanes = Lanes()  # each run's writes in order; a launch waits for its run's
         self.untold = 0  # decisions waiting to be told to Prefect in the background
         self.backlog_limit = BACKLOG_PER_REQUEST * concurrency  # past it, take-in waits (swamped)
-        self.decision_seconds: deque[float] = deque(maxlen=1000)  # policy calls that decided runs
+        self.decision_seconds: deque[float] = deque(maxlen=DECISION_TIMES)  # policy calls that decided runs
 
     # -- how it is told --------------------------------------------------------
     async def in_background(self, tell: Callable[..., Awaitable[None]], *args: Any, lane: str,

@@ -1,4 +1,4 @@
-"""The worker's own bookkeeping is the size of what is in flight: 1,450 runs
+"""The worker's own bookkeeping is the size of what is in flight: 1,000 runs
 taken in, admitted, launched and ended leave nothing behind that grows with
 their number. Prefect's API is replaced by a recorder here (what reaches
 Prefect is tested against a real server in test_worker.py); the worker's
@@ -23,11 +23,11 @@ pytestmark = pytest.mark.slow
 
 T0 = 1_000_000.0
 POINTS = {1: 100.0, 2: 190.0}
-# Measured once every capped list is full (registry.RecentIds, capped at
-# RECENT here rather than 4,096, so that the suite spends 40 s on it, not 7
-# minutes; the last thousand decisions' times), so that nothing may grow over
+# Measured once every capped list is full (registry.RecentIds and the
+# decisions' times, capped at RECENT here rather than 4,096 and 1,000, so that
+# the suite spends half a minute on it, not 7), so that nothing may grow over
 # the runs after it.
-RECENT, FULL, RUNS = 256, 1_050, 1_450
+RECENT, FULL, RUNS = 256, 600, 1_000
 
 
 async def _cycle(worker: Any, index: int, now: float) -> None:
@@ -60,10 +60,11 @@ def measure(home: str) -> dict[str, Any]:
     the largest growths first)."""
     from scheduler_service.store import save_curve
 
-    from scheduler_service.worker import registry
+    from scheduler_service.worker import registry, reporting
 
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(registry, "RECENT_IDS", RECENT)
+    monkeypatch.setattr(reporting, "DECISION_TIMES", RECENT)
     publisher = RecordingPublisher(keep_states=False)  # the recorder itself must not grow either
     worker = offline_worker(Path(home), monkeypatch, publisher)
     save_curve("mlp", 32, POINTS)
@@ -90,7 +91,7 @@ def measure(home: str) -> dict[str, Any]:
             "where": [str(stat) for stat in growth[:8]]}
 
 
-def test_fourteen_hundred_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path) -> None:
+def test_a_thousand_ended_runs_leave_the_bookkeeping_as_it_was(tmp_path: Path) -> None:
     # In a fresh interpreter: what this measures is the worker's bookkeeping,
     # not what earlier tests left running in this process (a Ray driver's
     # threads, Prefect's log and event workers) allocating meanwhile.

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow
 
 T0 = 1_000_000.0
 POINTS = {1: 100.0, 2: 190.0}
-# Measured once every capped list is full (registry.RecentIds and the
-# decisions' times, capped at RECENT here rather than 4,096 and 1,000, so that
+# Measured once every capped list is full (registry.RecentIds, the decisions'
+# times, the cluster view's samples and names, capped near RECENT here rather
+# than at 4,096, 1,000 and 500, so that
 # the suite spends half a minute on it, not 7), so that nothing may grow over
 # the runs after it.
 RECENT, FULL, RUNS = 256, 600, 1_000
@@ -60,11 +61,12 @@ def measure(home: str) -> dict[str, Any]:
     the largest growths first)."""
     from scheduler_service.store import save_curve
 
-    from scheduler_service.worker import registry, reporting
+    from scheduler_service.worker import cluster_view, registry, reporting
 
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(registry, "RECENT_IDS", RECENT)
     monkeypatch.setattr(reporting, "DECISION_TIMES", RECENT)
+    monkeypatch.setattr(cluster_view, "HISTORY", RECENT // 2)  # the plot's samples, and the names they show
     publisher = RecordingPublisher(keep_states=False)  # the recorder itself must not grow either
     worker = offline_worker(Path(home), monkeypatch, publisher)
     save_curve("mlp", 32, POINTS)

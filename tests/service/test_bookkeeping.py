@@ -24,10 +24,9 @@ pytestmark = pytest.mark.slow
 T0 = 1_000_000.0
 POINTS = {1: 100.0, 2: 190.0}
 # Measured once every capped list is full (registry.RecentIds, the decisions'
-# times, the cluster view's samples and names, capped near RECENT here rather
-# than at 4,096, 1,000 and 500, so that
-# the suite spends half a minute on it, not 7), so that nothing may grow over
-# the runs after it.
+# times, the cluster view's samples and names: capped near RECENT here rather
+# than at 4,096, 1,000 and 500, so that the suite spends half a minute on it,
+# not 7), so that nothing may grow over the runs after it.
 RECENT, FULL, RUNS = 256, 600, 1_000
 
 

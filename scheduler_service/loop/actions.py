@@ -138,6 +138,15 @@ class GpusLost:
 
 
 @dataclass(frozen=True, slots=True)
+class Started:
+    """A run reached its first iteration `took_s` after its launch: what the
+    driver keeps for the service's next life (`StartsRecalled`)."""
+
+    run_id: str
+    took_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class StartedSlowly:
     """A run took far longer from launch to its first iteration than the
     plans charge: admitted runs with tight deadlines may miss theirs. New
@@ -150,4 +159,4 @@ class StartedSlowly:
 
 
 Action = (Admitted | Rejected | GuaranteeLost | Launch | Rescale | Park | Stop | Released | Release | Await
-          | RiskChanged | GpusLost | StartedSlowly)
+          | RiskChanged | GpusLost | Started | StartedSlowly)

@@ -40,6 +40,15 @@ class Adopted:
 
 
 @dataclass(frozen=True, slots=True)
+class StartsRecalled:
+    """How long the last starts took, launch to first iteration, as an
+    earlier life of the service saw them (oldest first): a restarted service
+    plans with what it learnt of starts here, not with the default."""
+
+    took_s: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """What a running run last reported (its rank 0's status)."""
 
@@ -99,4 +108,5 @@ class Unreserved:
     holder: str
 
 
-Event = Arrived | Adopted | Progress | Acknowledged | Ended | CancelRequested | ClusterChanged | Reserved | Unreserved
+Event = (Arrived | Adopted | StartsRecalled | Progress | Acknowledged | Ended | CancelRequested | ClusterChanged
+         | Reserved | Unreserved)

@@ -33,6 +33,7 @@ from scheduler_service.loop.actions import (
     Release,
     Released,
     RiskChanged,
+    Started,
     StartedSlowly,
     Stop,
 )
@@ -48,6 +49,7 @@ from scheduler_service.loop.events import (
     Event,
     Progress,
     Reserved,
+    StartsRecalled,
     Unreserved,
 )
 from scheduler_service.loop.run import LoopRun, RunView
@@ -126,6 +128,8 @@ class ControlLoop:
                                              self.margin))
             case Adopted():
                 return self._adopt(event)
+            case StartsRecalled():
+                self.start_cost.recall(event.took_s)
             case Progress():
                 return self._progress(event, now)
             case Acknowledged():
@@ -183,7 +187,8 @@ class ControlLoop:
         took = now - run.launched_at
         run.started()
         slow = self.start_cost.started(took, len(run.commanded))
-        return [] if slow is None else [StartedSlowly(run.run_id, slow.took_s, slow.charged_s, slow.kept_s)]
+        said: list[Action] = [Started(run.run_id, took)]
+        return said if slow is None else [*said, StartedSlowly(run.run_id, slow.took_s, slow.charged_s, slow.kept_s)]
 
     def _ended(self, run_id: str) -> list[Action]:
         """Its process exited, or it left before it was launched."""

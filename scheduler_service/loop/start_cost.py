@@ -45,6 +45,12 @@ class StartCost:
         """About how long a run takes here from launch to its first iteration."""
         return self.reserve() + self.restart_cost(1)
 
+    def recall(self, took_s: tuple[float, ...]) -> None:
+        """Starts an earlier life of the service saw, oldest first (said
+        nothing of: they were said then)."""
+        self.starts.extend(took_s)
+        self._warned_s = max(self.starts, default=0.0)
+
     def started(self, took_s: float, gpus: int) -> SlowStart | None:
         """A run reached its first iteration `took_s` after its launch; a
         SlowStart when that is far beyond what is charged and kept (said once

@@ -28,6 +28,7 @@ from scheduler_service.loop.actions import (
     Release,
     Released,
     RiskChanged,
+    Started,
     StartedSlowly,
 )
 from scheduler_service.worker.channels import send
@@ -116,6 +117,8 @@ class Executor:
                 reporter.risk(run, action, view)
             case GpusLost():
                 reporter.gpus_lost(run, list(action.nodes))
+            case Started():
+                reporter.started(run, action.took_s)
             case StartedSlowly():
                 log.warning(
                     "flow run %s took %.1f s from launch to its first iteration; plans charge %.1f s per start and "

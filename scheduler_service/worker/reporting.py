@@ -36,7 +36,7 @@ from scheduler_service.loop.run import RunView
 from scheduler_service.worker.lanes import Lanes
 from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.registry import ServiceRun
-from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
+from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore, StartRecord
 from scheduler_service.worker.wording import clock, gpus_label, iso, outcome_line, outlook_line
 
 log = logging.getLogger("prefect.workers.elasticflow.decisions")  # shown with the worker's own lines
@@ -240,6 +240,10 @@ class Reporter:
             "action": action.value, "gpus": list(gpus), "world_size": len(gpus), "nodes": nodes}, nodes=nodes)
         finish = view.projected_finish if view is not None else None
         self.tell(run, f"{VERBS.get(action, action.value)} {outlook_line(run.deadline, finish, now, margin_s, gpus, nodes)}")
+
+    def started(self, run: ServiceRun, took_s: float) -> None:
+        """How long its start took: in the store only, for the next worker to recall."""
+        self.store.add(StartRecord(flow_run_id=run.run_id, took_s=took_s))
 
     async def released(self, run: ServiceRun, view: RunView | None) -> None:
         """It acknowledged giving up every GPU (parked or stopped), still alive."""

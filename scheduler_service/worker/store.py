@@ -71,8 +71,20 @@ class AllocationRecord(SQLModel, table=True):
     gpus: str = ""
 
 
+class StartRecord(SQLModel, table=True):
+    """A run's start, launch to first iteration: what a restarted service
+    recalls of how long starts take here (loop/start_cost.py)."""
+
+    __tablename__ = "ef_start"
+
+    id: int | None = Field(default=None, primary_key=True)
+    flow_run_id: str
+    at: datetime = Field(default_factory=_now)
+    took_s: float
+
+
 class ServiceStore:
-    """Thin writer over the three tables; every call is one short transaction."""
+    """Thin writer over the tables; every call is one short transaction."""
 
     def __init__(self, engine: Engine | None = None) -> None:
         self.engine = engine or get_engine()
@@ -132,3 +144,9 @@ class ServiceStore:
             if since is not None:
                 query = query.where(AllocationRecord.at >= since)
             return list(session.exec(query.order_by(AllocationRecord.id)).all())
+
+    def recent_starts(self, count: int) -> tuple[float, ...]:
+        """The last `count` starts' seconds, oldest first."""
+        with Session(self.engine) as session:
+            rows = session.exec(select(StartRecord).order_by(StartRecord.id.desc()).limit(count)).all()  # type: ignore[union-attr]
+            return tuple(row.took_s for row in reversed(rows))

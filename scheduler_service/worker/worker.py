@@ -26,7 +26,8 @@ from prefect.workers.process import ProcessWorker
 from flows.training.launch import LaunchSpec
 from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
-from scheduler_service.loop.events import CancelRequested, Ended, Event
+from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
+from scheduler_service.loop.start_cost import SEEN
 from scheduler_service.policy.topology import kinds_of
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import intake
@@ -134,9 +135,14 @@ class ElasticFlowWorker(ProcessWorker):
         self.take_in = TakeIn(client, self.settings, self.registry, self.loop, self.profiler, self.reporter,
                               lambda: self.cluster.device)
 
+    def recall_starts(self, now: float) -> None:
+        """What the last life learnt of how long starts take here (the store keeps each)."""
+        self.loop.handle(StartsRecalled(self.reporter.store.recent_starts(SEEN)), now)
+
     async def _adopt(self) -> None:
         """Adopt what an earlier life of the worker left running or admitted, and the cluster plot's recent past."""
         store, now = self.reporter.store, self.clock()
+        self.recall_starts(now)  # before any run is planned again
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
                                         self.cluster.topology.max_job_gpus, now, self.backend.alive,
                                         kinds_of(self.cluster.topology), self.settings.teams is not None):

@@ -41,3 +41,23 @@ def test_the_loop_says_when_a_launch_took_far_longer_than_its_plan_charged() -> 
     (slow,) = [a for a in actions if isinstance(a, StartedSlowly)]
     assert slow.took_s >= 10 * charged and slow.charged_s == charged
     assert not [a for a in d.report("a", T0 + 11 * charged + 5, 50, (0, 1)) if isinstance(a, StartedSlowly)]
+
+
+def test_every_start_is_said_and_a_restarted_loop_recalls_them_before_it_plans() -> None:
+    from scheduler_service.loop.actions import Started
+    from scheduler_service.loop.events import StartsRecalled
+
+    learnt = SETTINGS.model_copy(update={"launch_s": None})
+    d = Driver(settings=learnt)
+    d.arrive(job("a", T0, 2000, T0 + 600))
+    d.step(T0)
+    d.ack("a", T0)
+    (started,) = [a for a in d.report("a", T0 + 30.0, 1, (0, 1)) if isinstance(a, Started)]
+    assert started == Started("a", 30.0)  # the driver keeps it for the next life
+    assert not [a for a in d.report("a", T0 + 31.0, 20, (0, 1)) if isinstance(a, Started)]  # once a start
+
+    again = Driver(settings=learnt)  # a restarted service, before anything arrives
+    assert again.loop.start_cost.startup_s() == 15.0  # the default
+    again.handle(StartsRecalled((4.0, 30.0, 3.0)), T0 + 100)
+    assert again.loop.start_cost.startup_s() == 30.0  # what the last life learnt
+    assert not [a for a in again.log if isinstance(a, StartedSlowly)]  # said then, not again

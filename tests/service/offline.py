@@ -84,14 +84,17 @@ class Entry:
         self.flow_run = flow_run
 
 
-def offline_worker(home: Path, monkeypatch: pytest.MonkeyPatch, publisher: RecordingPublisher | None = None) -> Any:
+def offline_worker(home: Path, monkeypatch: pytest.MonkeyPatch, publisher: RecordingPublisher | None = None,
+                   store: ServiceStore | None = None) -> Any:
+    """A worker with no Prefect: a recording publisher, an offline client, and
+    an in-memory store unless `store` is given (one that outlives it)."""
     from scheduler_service.worker.worker import ElasticFlowWorker
 
     monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
     monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(ROOT / "infra" / "local-cpu2.csv"))
     worker = ElasticFlowWorker(work_pool_name="offline")
     worker.get_flow_run_logger = lambda flow_run: worker._logger  # type: ignore[method-assign]
-    worker.connect(ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
-                                              connect_args={"check_same_thread": False})),
+    worker.connect(store or ServiceStore(create_engine("sqlite://", poolclass=StaticPool,
+                                                       connect_args={"check_same_thread": False})),
                    publisher or RecordingPublisher(), OfflineClient())
     return worker

@@ -3,7 +3,9 @@
 
 The first `warmup` iterations of each run are excluded (allocator warm-up,
 dynamo import on the first optimizer step), so the figure is the steady rate
-that admission should plan with.
+that admission should plan with. The ranks run where a run's would (ranks.py):
+processes here, or Ray actors on the slots a placement names, so a service on
+a Ray cluster measures a model on the nodes it will train on.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from elasticflow_block.home import elasticflow_home
 from flows.training import identity
-from flows.training.launcher import run_segment
+from flows.training.control import FileControlChannel, GpuSlot
 from flows.training.params import Hyperparameters, TrainParameters
+from flows.training.ranks import LocalRanks, ranks_for
 from flows.training.runtime import default_device
 from flows.training.segment import SegmentResult, SegmentSpec
+from flows.training.supervision import RunningSegment
 
 log = logging.getLogger("elasticflow.profile")
 
@@ -46,6 +50,9 @@ def profile_throughput(
     dataset: str | dict[str, Any] | None = None,
     gpu_ids: list[int] | None = None,
     timeout_s: float | None = None,
+    ray_address: str | None = None,
+    placement: list[GpuSlot] | None = None,
+    segment_hook: Callable[[RunningSegment], None] | None = None,
 ) -> dict[int, float]:
     """GPU count -> measured iterations/s. Checkpoints go to a temporary folder.
 
@@ -53,13 +60,18 @@ def profile_throughput(
     count), so a service can profile on GPUs nobody else is using; default
     0, 1, 2... `timeout_s`: for all counts together; past it the measurement
     is stopped and RuntimeError says so, with the ranks' logs, so a service
-    never waits on a hung profile with GPUs reserved for it."""
+    never waits on a hung profile with GPUs reserved for it. `ray_address`
+    and `placement` (one slot per GPU id): on those slots of a Ray cluster,
+    as Ray actors. `segment_hook` sees each segment once it runs (a test
+    asks where its ranks are)."""
     bad = [g for g in gpu_counts if g < 1 or g & (g - 1)]
     if bad:
         raise ValueError(f"GPU counts must be powers of two, got {bad}")
     ids = list(gpu_ids) if gpu_ids is not None else list(range(max(gpu_counts)))
     if len(ids) < max(gpu_counts):
         raise ValueError(f"{max(gpu_counts)} GPUs to measure, only {len(ids)} given: {ids}")
+    if placement is not None and len(placement) != len(ids):
+        raise ValueError(f"a placement names {len(placement)} slots for {len(ids)} GPUs")
     if iterations <= warmup + 1:
         raise ValueError("iterations must exceed warmup + 1")
     params = TrainParameters(
@@ -74,15 +86,19 @@ def profile_throughput(
     give_up = None if timeout_s is None else time.time() + timeout_s
     scratch = tempfile.mkdtemp(prefix="elasticflow-profile-")
     home = elasticflow_home()
-    account = identity.identity_for(f"profile-{uuid.uuid4().hex[:12]}", home)  # a profile runs user code too
+    key = f"profile-{uuid.uuid4().hex[:12]}"
+    account = identity.identity_for(key, home)  # a profile runs user code too
     if account is not None:
         account.share(Path(scratch))
+    # Ray actors write nothing here (no checkpoint, progress by Ray): no control folder is made for them.
+    ranks = (ranks_for(ray_address, key, FileControlChannel(key, Path(scratch))) if ray_address
+             else LocalRanks(Path(scratch), identity=account))
     curve: dict[int, float] = {}
     try:
         for count in sorted(set(gpu_counts)):
             spec = SegmentSpec.of_run(
                 params,
-                run_key=f"profile-{uuid.uuid4().hex[:12]}",
+                run_key=f"{key}-{count}",
                 total_iterations=iterations,
                 stop_at=iterations,
                 checkpoint_interval=iterations + 1,
@@ -92,7 +108,8 @@ def profile_throughput(
             )
             for attempt in (1, 2):  # a worker process can fail to start its part: once more, fresh
                 left = None if give_up is None else max(0.0, give_up - time.time())
-                result = run_segment(spec, ids[:count], workdir=Path(scratch), timeout_s=left, identity=account)
+                result = _measure(ranks.segment(spec, ids[:count], placement[:count] if placement else None), left,
+                                  segment_hook)
                 if result.reason != "crashed" or attempt == 2 or (give_up is not None and time.time() >= give_up):
                     break
                 log.warning("profiling model=%s gpus=%d crashed, retrying: %s", model, count, result.error)
@@ -101,7 +118,20 @@ def profile_throughput(
             curve[count] = steady_rate(result, warmup)
             log.info("profiled model=%s batch=%d gpus=%d it_per_s=%.3f", model, batch_size, count, curve[count])
     finally:
+        ranks.close()
         shutil.rmtree(scratch, ignore_errors=True)
         if account is not None:
             account.release(home)
     return curve
+
+
+def _measure(segment: RunningSegment, timeout_s: float | None,
+             hook: Callable[[RunningSegment], None] | None) -> SegmentResult:
+    segment.start()
+    try:
+        if hook is not None:
+            hook(segment)
+        return segment.wait(timeout_s=timeout_s)
+    except BaseException:
+        segment.kill(grace_s=2.0)
+        raise

@@ -141,21 +141,35 @@ class Profiler:
                 "blocked": len(self._blocked)}
 
 
-def measure_in_processes(device: str, iterations: int, timeout_s: float) -> Measure:
-    """The real measurement: DDP processes of the user's model on the given GPUs,
-    saved to the store for the next run of the same model and batch."""
+def measure_where_runs_train(device: str, iterations: int, timeout_s: float, cluster: Callable[[], Any],
+                             ray_address: str | None) -> Measure:
+    """The real measurement: DDP ranks of the user's model on the given GPUs,
+    where a run on them would train (processes here, or Ray actors on the
+    nodes of a Ray cluster: `cluster()` says where each GPU is), saved to the
+    store for the next run of the same model and batch. On a cluster of
+    several kinds the curve is kept as the kind's it was measured on, and as
+    the stand-in for kinds not measured yet (intake.kind_curves)."""
     def measure(request: Request, gpus: list[int]) -> dict[int, float]:
         from flows.training.profiler import profile_throughput
+        from scheduler_service.policy.topology import kind_of
         from scheduler_service.store import save_curve
 
         params: Any = request.params
+        now = cluster()
+        placement = now.locate(tuple(gpus))
         counts = [1 << k for k in range(len(gpus).bit_length())]
         curve = profile_throughput(
             params.model, request.batch_size, counts, iterations=iterations, warmup=min(3, iterations - 2),
             device=device, model_kwargs=params.model_kwargs,
             dataset=params.dataset.model_dump() if params.dataset is not None else None, gpu_ids=gpus,
-            timeout_s=timeout_s)
+            timeout_s=timeout_s, ray_address=ray_address if placement is not None else None, placement=placement)
         save_curve(params.model, request.batch_size, curve, device=device)
+        kind = kind_of(now.topology, gpus[0])
+        if kind:
+            save_curve(params.model, request.batch_size, curve, device=device, kind=kind)
+        log.info("profiled %s@%s on %s%s: %s", params.model, request.batch_size,
+                 ", ".join(now.nodes_of(gpus)), f" ({kind})" if kind else "",
+                 ", ".join(f"{g} GPU(s) {r:.2f} it/s" for g, r in sorted(curve.items())))
         return curve
 
     return measure

@@ -42,7 +42,7 @@ from scheduler_service.worker.configuration import (
 from scheduler_service.worker.execute import Applied, Executor
 from scheduler_service.worker.membership import follow
 from scheduler_service.worker.prefect_api import runs_task_group, scheduled_runs, submit, synced
-from scheduler_service.worker.profiling import Profiler, measure_in_processes
+from scheduler_service.worker.profiling import Profiler, measure_where_runs_train
 from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.recovery import allocation_changes, recover
 from scheduler_service.worker.registry import RunRegistry
@@ -89,8 +89,9 @@ class ElasticFlowWorker(ProcessWorker):
         except ValueError as exc:  # a teams file whose shares the cluster cannot hold
             raise SettingsError(f"ELASTICFLOW_TEAMS={settings.teams}: {exc}") from None
         self.registry = RunRegistry()  # every run in flight, from take-in to its end
-        self.profiler = Profiler(measure_in_processes(self.cluster.device, settings.profile_iterations,
-                                                      settings.profile_timeout_s),
+        self.profiler = Profiler(measure_where_runs_train(self.cluster.device, settings.profile_iterations,
+                                                          settings.profile_timeout_s, lambda: self.cluster,
+                                                          settings.ray_address),
                                  self.cluster.device, settings.profile_timeout_s)
         self.view = ClusterView(self.cluster, margin_s=self.loop.at_risk_s)
         self.reporter: Reporter = None  # type: ignore[assignment]  # these talk to Prefect: made in setup

@@ -15,6 +15,10 @@ from tests.cluster.conftest import alive_nodes
 def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(
         ray_cluster: LocalRayCluster, ray_address: str, make_params: Callable[..., TrainParameters]) -> None:
     from flows.training.ray_nodes import KIND_RESOURCE, SLOTS_RESOURCE
+    from flows.training.profiler import profile_throughput
+    from scheduler_service.store import get_curves
+    from scheduler_service.worker.intake import read_request
+    from scheduler_service.worker.profiling import measure_where_runs_train
     from scheduler_service.worker.ray_backend import RayBackend
 
     # The session's two nodes name no kind; a third one declares kind T4 and
@@ -39,5 +43,20 @@ def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(
         assert on_t4.status == "completed" and on_other.status == "completed"
         assert {w["node"] for w in seen[0].where} == {t4}
         assert t4 not in {w["node"] for w in seen[1].where}
+
+        # A model the service profiles on first use is measured on the nodes
+        # of the GPUs it was given, as Ray actors, and kept as that kind's curve.
+        profiled: list[Any] = []
+        curve = profile_throughput("mlp", 32, [1, 2], iterations=6, warmup=2, device="cpu", gpu_ids=[4, 5],
+                                   timeout_s=240, ray_address=ray_address, placement=cluster.locate((4, 5)),
+                                   segment_hook=profiled.append)
+        assert set(curve) == {1, 2} and [len(s.where) for s in profiled] == [1, 2]
+        assert {w["node"] for s in profiled for w in s.where} == {t4}  # there, not in this machine's processes
+        measure = measure_where_runs_train("cpu", 6, 240, lambda: cluster, ray_address)
+        request = read_request({"model": "mlp", "iterations": 10, "device": "cpu",
+                                "hyperparameters": {"global_batch_size": 32}}, 0.0)
+        measured = measure(request, [4, 5])
+        assert get_curves("mlp", 32) == {"": measured, "T4": measured}  # T4's, and the stand-in for the rest
     finally:
         ray_cluster.cluster.remove_node(extra, allow_graceful=False)
+

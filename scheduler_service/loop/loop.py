@@ -358,13 +358,14 @@ class ControlLoop:
         """Each team's share and what it holds, on a cluster shared by teams ([] otherwise)."""
         return self.policy.used() if isinstance(self.policy, TeamsPolicy) else []
 
-    def free_block(self, largest: int) -> tuple[int, ...]:
+    def free_block(self, largest: int, kind: str | None = None) -> tuple[int, ...]:
         """The largest aligned power-of-two block of at most `largest` GPUs
-        that nobody holds, is placed on or has reserved: () if none."""
+        (of `kind`, if given) that nobody holds, is placed on or has
+        reserved: () if none."""
         topology = self.topology
-        pools = [(p.first_gpu, p.topology.num_gpus) for p in topology.pools] \
-            if isinstance(topology, MixedTopology) else [(0, topology.num_gpus)]
-        return free_block(self.runs.values(), self._reserved_gpus(), pools, largest)
+        pools = [(p.first_gpu, p.topology.num_gpus) for p in topology.pools if kind in (None, p.kind)] \
+            if isinstance(topology, MixedTopology) else [(0, topology.num_gpus)] if kind in (None, "") else []
+        return free_block(self.runs.values(), self._reserved_gpus(), pools, largest) if pools else ()
 
     def gpu_map(self) -> dict[int, str]:
         """Who holds each GPU: a run's id, or `service:<what>`."""

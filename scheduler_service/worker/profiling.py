@@ -6,6 +6,13 @@ seconds); the GPUs they use are reserved in the control loop meanwhile (a
 `Reserved` event), so no run is launched or grown onto them. On a busy
 cluster a profile waits, or measures the GPU counts that are free (more:
 `elasticflow profile`).
+
+On a cluster of several GPU kinds, the first profile measures one kind (the
+one with free GPUs) and is the stand-in for the others, so the run is
+decided at once. Each other kind is then measured when a block of it is
+free and no run waits for a profile (`measure_later`): runs decided after
+that plan with the kind's own curve. Runs already decided keep their plans;
+what they show on the kind corrects their speed (loop/run.py).
 """
 
 from __future__ import annotations
@@ -18,13 +25,17 @@ from typing import Any, Protocol
 
 from scheduler_service.contracts import RejectionReason
 from scheduler_service.loop.events import Event, Reserved, Unreserved
+from scheduler_service.policy.topology import AnyTopology, kind_of, kinds_of
 from scheduler_service.worker.intake import Request, usable_points
 from scheduler_service.worker.registry import ServiceRun
 
 log = logging.getLogger("prefect.workers.elasticflow.profiling")  # shown with the worker's own lines
 
 Key = tuple[str, int, str]  # model, global batch size, device
-Measure = Callable[[Request, list[int]], dict[int, float]]
+KindKey = tuple[str, int, str, str]  # the same, on one GPU kind
+# On these GPUs; True: a model's first profile, kept as the stand-in for the
+# kinds not measured yet as well as the curve of the kind it ran on.
+Measure = Callable[[Request, list[int], bool], dict[int, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +48,17 @@ class Outcome:
     message: str = ""
 
 
-def _name(key: Key) -> str:
-    return f"profiling {key[0]}@{key[1]}"
+def _name(key: Key | KindKey) -> str:
+    return f"profiling {key[0]}@{key[1]}" + (f" on {key[3]}" if len(key) > 3 else "")
 
 
 class Cluster(Protocol):
     """What profiling asks of the control loop: where to measure, and who holds what."""
 
-    def free_block(self, largest: int) -> tuple[int, ...]: ...
+    @property
+    def topology(self) -> AnyTopology: ...
+
+    def free_block(self, largest: int, kind: str | None = None) -> tuple[int, ...]: ...
 
     def gpu_map(self) -> dict[int, str]: ...
 
@@ -57,14 +71,27 @@ class Profiler:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticflow-profile")
         self._running: dict[Key, Future[dict[int, float]]] = {}
         self._queued: dict[Key, Request] = {}  # waiting for free GPUs to measure on
+        self._requests: dict[Key, Request] = {}  # what each running profile measures
         self._blocked: set[Key] = set()  # already logged as waiting for GPUs
         self.waiting: dict[str, ServiceRun] = {}  # runs in Profiling
+        self._later: dict[KindKey, Request] = {}  # kinds to measure when a block of them is free
+        self._measuring: dict[KindKey, Future[dict[int, float]]] = {}
+        self._measured: set[KindKey] = set()  # measured (or failed) on that kind in this life: not again
 
     def wait_for(self, run: ServiceRun) -> None:
         request: Request = run.request
         if request.profile_key not in self._running:
             self._queued.setdefault(request.profile_key, request)
         self.waiting[run.run_id] = run
+
+    def measure_later(self, request: Request, kinds: Iterable[str]) -> None:
+        """Measure `request`'s model on each of `kinds` when a block of that
+        kind is free: no run waits for it, and runs decided afterwards plan
+        with it instead of the stand-in."""
+        for kind in kinds:
+            key = (*request.profile_key, kind)
+            if key not in self._measured and key not in self._measuring:
+                self._later.setdefault(key, request)
 
     def forget(self, run_id: str) -> None:
         self.waiting.pop(run_id, None)
@@ -75,10 +102,15 @@ class Profiler:
     def poll(self, now: float, cluster: Cluster, max_job_gpus: int) -> tuple[list[Outcome], list[Event]]:
         """Start what can start on `cluster`: the runs whose wait is over, and
         the GPUs reserved or given back meanwhile (for the loop)."""
-        reservations: list[Event] = [Unreserved(_name(key)) for key, future in self._running.items()
-                                     if future.done()]  # done: its GPUs go back to the runs
+        # Done as of now, once: a profile that ends later in this poll is
+        # taken at the next one, so no ended profile keeps its GPUs reserved.
+        done = {key for key, future in self._running.items() if future.done()}
+        measured = {key for key, future in self._measuring.items() if future.done()}
+        reservations: list[Event] = [Unreserved(_name(key)) for key in [*done, *measured]]
         holders = self.holders(cluster, reserved=[e.holder for e in reservations])
         reservations += self._start(cluster, max_job_gpus, holders)
+        for key in measured:
+            self._settle(key, self._measuring.pop(key))
         out = []
         for run_id, run in list(self.waiting.items()):
             request: Request = run.request
@@ -92,7 +124,7 @@ class Profiler:
                     f"{now - run.taken_in_at:.0f} s (held: {holders}); submit it again later, or measure "
                     "it first with `elasticflow profile`")))
                 continue
-            if future is None or not future.done():
+            if future is None or request.profile_key not in done:
                 continue
             del self.waiting[run_id]
             try:
@@ -102,19 +134,20 @@ class Profiler:
                 continue
             out.append(Outcome(run, points))
         needed = {run.request.profile_key for run in self.waiting.values()}
-        for key in [k for k, f in self._running.items() if f.done() and k not in needed]:
-            del self._running[key]
+        for key in done - needed:
+            future, request = self._running.pop(key), self._requests.pop(key)
+            if future.exception() is None:  # the model runs: measure it on the other kinds too
+                self.measure_later(request, kinds_of(cluster.topology))
         for key in [k for k in self._queued if k not in needed]:  # its runs gave up waiting
             del self._queued[key]
         self._blocked &= set(self._queued)
-        return out, reservations
+        return out, reservations + self._start_later(cluster, max_job_gpus)
 
     def _start(self, cluster: Cluster, max_job_gpus: int, holders: str) -> list[Event]:
         started: list[Event] = []
         taken: set[int] = set()  # reserved in this poll, before the loop hears of it
         for key, request in list(self._queued.items()):
-            top = min(max_job_gpus, request.batch_size, 4 if self.device == "cpu" else max_job_gpus)
-            gpus = cluster.free_block(top)
+            gpus = cluster.free_block(self._widest(request, max_job_gpus))
             if not gpus or taken & set(gpus):
                 if key not in self._blocked:
                     self._blocked.add(key)
@@ -125,8 +158,41 @@ class Profiler:
             taken |= set(gpus)
             started.append(Reserved(_name(key), gpus))
             log.info("%s on GPUs %s", _name(key), ",".join(map(str, gpus)))
-            self._running[key] = self._pool.submit(self.measure, request, list(gpus))
+            self._measured.add((*key, kind_of(cluster.topology, gpus[0])))
+            self._requests[key] = request
+            self._running[key] = self._pool.submit(self.measure, request, list(gpus), True)
         return started
+
+    def _start_later(self, cluster: Cluster, max_job_gpus: int) -> list[Event]:
+        """One measurement on a kind not measured yet, if a block of it is
+        free and nothing else is measured or waits to be."""
+        if self._queued or self.waiting or any(not f.done() for f in [*self._running.values(),
+                                                                     *self._measuring.values()]):
+            return []
+        for key, request in list(self._later.items()):
+            if key[3] not in kinds_of(cluster.topology):
+                del self._later[key]  # that kind left the cluster
+                continue
+            gpus = cluster.free_block(self._widest(request, max_job_gpus), kind=key[3])
+            if not gpus:
+                continue  # busy: tried again at the next poll
+            del self._later[key]
+            self._measured.add(key)
+            log.info("%s on GPUs %s: not measured on that kind yet (runs decided after it plan with it)", _name(key),
+                     ",".join(map(str, gpus)))
+            self._measuring[key] = self._pool.submit(self.measure, request, list(gpus), False)
+            return [Reserved(_name(key), gpus)]
+        return []
+
+    @staticmethod
+    def _settle(key: KindKey, future: Future[dict[int, float]]) -> None:
+        error = future.exception()
+        if error is not None:  # the stand-in stays that kind's curve
+            log.warning("%s failed (%s: %s); runs there go on planning with the stand-in", _name(key),
+                        type(error).__name__, error)
+
+    def _widest(self, request: Request, max_job_gpus: int) -> int:
+        return min(max_job_gpus, request.batch_size, 4 if self.device == "cpu" else max_job_gpus)
 
     @staticmethod
     def holders(cluster: Cluster, reserved: Iterable[str] = ()) -> str:
@@ -138,7 +204,7 @@ class Profiler:
 
     def sizes(self) -> dict[str, int]:
         return {"waiting": len(self.waiting), "running": len(self._running), "queued": len(self._queued),
-                "blocked": len(self._blocked)}
+                "blocked": len(self._blocked), "later": len(self._later), "measuring": len(self._measuring)}
 
 
 def measure_where_runs_train(device: str, iterations: int, timeout_s: float, cluster: Callable[[], Any],
@@ -147,11 +213,11 @@ def measure_where_runs_train(device: str, iterations: int, timeout_s: float, clu
     where a run on them would train (processes here, or Ray actors on the
     nodes of a Ray cluster: `cluster()` says where each GPU is), saved to the
     store for the next run of the same model and batch. On a cluster of
-    several kinds the curve is kept as the kind's it was measured on, and as
-    the stand-in for kinds not measured yet (intake.kind_curves)."""
-    def measure(request: Request, gpus: list[int]) -> dict[int, float]:
+    several kinds the curve is kept as the kind's it was measured on, and, if
+    it is the model's first profile (`stand_in`), as the stand-in for kinds
+    not measured yet (intake.kind_curves)."""
+    def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
         from flows.training.profiler import profile_throughput
-        from scheduler_service.policy.topology import kind_of
         from scheduler_service.store import save_curve
 
         params: Any = request.params
@@ -163,8 +229,9 @@ def measure_where_runs_train(device: str, iterations: int, timeout_s: float, clu
             device=device, model_kwargs=params.model_kwargs,
             dataset=params.dataset.model_dump() if params.dataset is not None else None, gpu_ids=gpus,
             timeout_s=timeout_s, ray_address=ray_address if placement is not None else None, placement=placement)
-        save_curve(params.model, request.batch_size, curve, device=device)
         kind = kind_of(now.topology, gpus[0])
+        if stand_in or not kind:
+            save_curve(params.model, request.batch_size, curve, device=device)
         if kind:
             save_curve(params.model, request.batch_size, curve, device=device, kind=kind)
         log.info("profiled %s@%s on %s%s: %s", params.model, request.batch_size,

@@ -113,9 +113,11 @@ class TakeIn:
         self.registry.add(run)
         self.reporter.taken_in(run, request.batch_size)
         stored = await anyio.to_thread.run_sync(get_curves, request.model, request.batch_size)
-        points, by_kind = intake.one_curve(stored), intake.kind_curves(stored, kinds_of(self.loop.topology))
-        if points and (by_kind or not kinds_of(self.loop.topology)):
+        kinds = kinds_of(self.loop.topology)
+        points, by_kind = intake.one_curve(stored), intake.kind_curves(stored, kinds)
+        if points and (by_kind or not kinds):
             self.loop.handle(intake.arrival(run, points, self.loop.topology.max_job_gpus, now, by_kind), now)
+            self.profiler.measure_later(request, [kind for kind in kinds if kind not in stored])
             return
         self.profiler.wait_for(run)
         await self.reporter.profiling(run, now)

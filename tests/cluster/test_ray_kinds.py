@@ -55,7 +55,7 @@ def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(
         measure = measure_where_runs_train("cpu", 6, 240, lambda: cluster, ray_address)
         request = read_request({"model": "mlp", "iterations": 10, "device": "cpu",
                                 "hyperparameters": {"global_batch_size": 32}}, 0.0)
-        measured = measure(request, [4, 5])
+        measured = measure(request, [4, 5], True)
         assert get_curves("mlp", 32) == {"": measured, "T4": measured}  # T4's, and the stand-in for the rest
     finally:
         ray_cluster.cluster.remove_node(extra, allow_graceful=False)

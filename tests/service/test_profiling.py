@@ -1,6 +1,8 @@
 """Profiling on first use, without a server: runs of one model share one
 measurement, its GPUs are reserved while it runs, and a failure or a wait
-past the timeout is that run's rejection with the reason."""
+past the timeout is that run's rejection with the reason. On a cluster of
+two kinds, the kind the first profile did not measure is measured when a
+block of it is free, with no run waiting for it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from scheduler_service.contracts import RejectionReason
 from scheduler_service.loop import ControlLoop, LoopSettings
 from scheduler_service.loop.events import Reserved
 from scheduler_service.policy import Topology
+from scheduler_service.policy.topology import AnyTopology, MixedTopology
 from scheduler_service.worker.intake import Request, new_run, read_request
 from scheduler_service.worker.profiling import Outcome, Profiler
 
@@ -21,8 +24,9 @@ NOW = 1_800_000_000.0
 class Profiling:
     """A profiler beside the control loop it reserves GPUs in, as the worker drives them."""
 
-    def __init__(self, measure, timeout_s: float = 600.0) -> None:  # type: ignore[no-untyped-def]
-        self.loop = ControlLoop(Topology(1, 1, 2), LoopSettings(policy="elasticflow", interval_s=2.0))
+    def __init__(self, measure, timeout_s: float = 600.0, topology: AnyTopology = Topology(1, 1, 2)
+                 ) -> None:  # type: ignore[no-untyped-def]
+        self.loop = ControlLoop(topology, LoopSettings(policy="elasticflow", interval_s=2.0))
         self.profiler = Profiler(measure, device="cpu", timeout_s=timeout_s)
 
     def poll(self, now: float) -> list[Outcome]:
@@ -52,7 +56,7 @@ def _until(profiling: Profiling, now: float, count: int) -> list:  # type: ignor
 def test_runs_of_one_model_share_one_measurement_on_reserved_gpus(tmp_path: Path) -> None:
     release, calls = threading.Event(), []
 
-    def measure(request: Request, gpus: list[int]) -> dict[int, float]:
+    def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
         calls.append(tuple(gpus))
         release.wait(5)
         return {1: 10.0, 2: 18.0}
@@ -66,12 +70,12 @@ def test_runs_of_one_model_share_one_measurement_on_reserved_gpus(tmp_path: Path
     outcomes = _until(profiling, NOW + 1, 2)
     assert sorted(o.run.run_id for o in outcomes) == ["a", "b"] and calls == [(0, 1)]
     assert all(o.points == {1: 10.0, 2: 18.0} for o in outcomes)
-    assert profiling.reserved() == set() and profiling.profiler.sizes() == {"waiting": 0, "running": 0,
-                                                                            "queued": 0, "blocked": 0}
+    assert profiling.reserved() == set() and profiling.profiler.sizes() == {
+        "waiting": 0, "running": 0, "queued": 0, "blocked": 0, "later": 0, "measuring": 0}
 
 
 def test_a_failed_measurement_rejects_its_runs_with_the_users_error(tmp_path: Path) -> None:
-    def measure(request: Request, gpus: list[int]) -> dict[int, float]:
+    def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
         raise RuntimeError("CUDA out of memory in your model")
 
     profiling = Profiling(measure)
@@ -82,10 +86,100 @@ def test_a_failed_measurement_rejects_its_runs_with_the_users_error(tmp_path: Pa
 
 
 def test_no_free_gpus_for_longer_than_the_timeout_is_a_rejection_naming_the_holders(tmp_path: Path) -> None:
-    profiling = Profiling(lambda request, gpus: {1: 1.0}, timeout_s=60.0)
+    profiling = Profiling(lambda request, gpus, stand_in: {1: 1.0}, timeout_s=60.0)
     profiling.loop.handle(Reserved("someone else", (0, 1)), NOW)
     profiling.profiler.wait_for(_run(tmp_path, "a"))
     assert profiling.poll(NOW + 30) == []
     (outcome,) = profiling.poll(NOW + 61)
     assert outcome.reason is RejectionReason.PROFILING_FAILED and "held: 0: service:someone else" in outcome.message
     assert profiling.profiler.sizes()["queued"] == 0  # its only run gave up: nothing left waiting to be measured
+
+
+def _until_idle(profiling: Profiling, now: float) -> None:
+    for _ in range(200):
+        assert profiling.poll(now) == []
+        if not profiling.profiler.sizes()["measuring"]:
+            return
+        time.sleep(0.02)
+    raise AssertionError("still measuring")
+
+
+def _called(calls: list, count: int) -> None:  # type: ignore[type-arg]
+    for _ in range(200):
+        if len(calls) >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{len(calls)} measurements, not {count}")
+
+
+def test_the_other_kind_is_measured_once_a_block_of_it_is_free_and_no_run_waits_for_it(tmp_path: Path) -> None:
+    calls: list[tuple[tuple[int, ...], bool]] = []
+    release = threading.Event()
+
+    def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
+        calls.append((tuple(gpus), stand_in))
+        if not stand_in:
+            release.wait(5)
+        return {1: 10.0, 2: 18.0}
+
+    two_kinds = MixedTopology.of([("A100", Topology(1, 1, 2)), ("T4", Topology(1, 1, 2))])
+    profiling = Profiling(measure, topology=two_kinds)
+    profiling.loop.handle(Reserved("someone else", (2, 3)), NOW)  # the T4s are busy
+    profiling.profiler.wait_for(_run(tmp_path, "a"))
+    (outcome,) = _until(profiling, NOW, 1)
+    assert outcome.points == {1: 10.0, 2: 18.0} and calls == [((0, 1), True)]  # A100, kept as the stand-in too
+    assert profiling.poll(NOW + 1) == [] and profiling.profiler.sizes()["later"] == 1  # waits for a free T4 block
+    from scheduler_service.loop.events import Unreserved
+
+    profiling.loop.handle(Unreserved("someone else"), NOW + 2)
+    assert profiling.poll(NOW + 3) == []
+    _called(calls, 2)
+    assert calls[1] == ((2, 3), False) and profiling.reserved() == {2, 3}  # T4's own, nobody put on them meanwhile
+    release.set()
+    _until_idle(profiling, NOW + 4)
+    assert profiling.reserved() == set()
+    profiling.profiler.measure_later(outcome.run.request, ["A100", "T4"])  # both measured: not again
+    assert profiling.profiler.sizes()["later"] == 0
+
+
+def test_measuring_another_kind_waits_for_runs_that_wait_for_their_profile(tmp_path: Path) -> None:
+    calls: list[tuple[tuple[int, ...], bool]] = []
+    release = threading.Event()
+
+    def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
+        calls.append((tuple(gpus), stand_in))
+        release.wait(5)
+        return {1: 10.0}
+
+    two_kinds = MixedTopology.of([("A100", Topology(1, 1, 2)), ("T4", Topology(1, 1, 2))])
+    profiling = Profiling(measure, topology=two_kinds)
+    first = _run(tmp_path, "a")
+    profiling.profiler.measure_later(first.request, ["T4"])  # as take-in asks, for a kind the store lacks
+    profiling.profiler.wait_for(_run(tmp_path, "b", batch=64))  # another model's first use: a run waits
+    assert profiling.poll(NOW) == [] and calls == [((0, 1), True)]
+    assert profiling.profiler.sizes()["later"] == 1  # not started beside it, though the T4s are free
+    release.set()
+    _until(profiling, NOW + 1, 1)
+    _until_idle(profiling, NOW + 2)
+    profiling.poll(NOW + 3)
+    _called(calls, 3)
+    _until_idle(profiling, NOW + 4)
+    # T4 for the first model, then both kinds for the second (measured on A100 for its run)
+    assert sorted(calls[1:]) == [((2, 3), False), ((2, 3), False)]
+
+
+def test_a_later_measurement_keeps_the_stand_in_and_stores_the_kinds_own_curve(tmp_path: Path,
+                                                                              monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from scheduler_service.store import get_curves, save_curve
+    from scheduler_service.worker.cluster import Cluster
+    from scheduler_service.worker.profiling import measure_where_runs_train
+
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(tmp_path / "home"))
+    two_kinds = MixedTopology.of([("A100", Topology(1, 1, 1)), ("T4", Topology(1, 1, 1))])
+    cluster = Cluster(two_kinds, "cpu", ("node-0", "node-1"), "test")
+    save_curve("mlp", 32, {1: 123.0}, device="cpu")
+    save_curve("mlp", 32, {1: 123.0}, device="cpu", kind="A100")
+    measure = measure_where_runs_train("cpu", 4, 120, lambda: cluster, None)
+    curve = measure(_run(tmp_path, "a").request, [1], False)
+    assert set(curve) == {1} and curve[1] > 0
+    assert get_curves("mlp", 32) == {"": {1: 123.0}, "A100": {1: 123.0}, "T4": curve}

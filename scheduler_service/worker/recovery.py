@@ -104,6 +104,9 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
             continue  # not decided yet: taken in again by the next poll
         phase = RunPhase(row.status)
         if found.running and not found.cancelling and not alive(flow_run.infrastructure_pid, row.flow_run_id):
+            if (trained_at := finished_training(row, found, control_root)) is not None:
+                await _completed(client, store, row, found, control_root, trained_at)
+                continue
             found, phase = await _resume(client, store, row), RunPhase.ADMITTED
         elif found.scheduled and phase == RunPhase.RUNNING:
             phase = _never_started(store, row)
@@ -141,6 +144,9 @@ async def _reconcile_ended(client: Any, store: ServiceStore, control_root: str,
         if not found.final:
             if alive(flow_run.infrastructure_pid, row.flow_run_id):
                 continue  # still stopping: the worker that adopts nothing of it will see it end
+            if not found.cancelling and (trained_at := finished_training(row, found, control_root)) is not None:
+                await _completed(client, store, row, found, control_root, trained_at)
+                continue
             final = Cancelled(message="its process is gone") if found.cancelling else \
                 Crashed(message="its process ended while no worker watched")
             try:
@@ -155,17 +161,55 @@ async def _reconcile_ended(client: Any, store: ServiceStore, control_root: str,
         store.upsert_job(row.flow_run_id, outcome=settled(row, flow_run, found, control_root).value)
 
 
-def settled(row: RunRecord, flow_run: Any | None, found: Found, control_root: str) -> Outcome:
+def settled(row: RunRecord, flow_run: Any | None, found: Found, control_root: str,
+            ended_at: datetime | None = None) -> Outcome:
     """How a run that ended while no worker told it ended: by the one rule
     (contracts.outcome_of), from its final Prefect state and the iteration
-    its rank 0 last reported."""
+    its rank 0 last reported, at `ended_at` (else when Prefect's state says)."""
     channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
     status = channel.status()
     iteration = status.iteration if status is not None else 0
     state = flow_run.state.type.value if flow_run is not None and flow_run.state is not None else "CRASHED"
     deadline = None if row.deadline is None else aware(row.deadline).timestamp()
-    ended = (found.ended_at or datetime.now(timezone.utc)).timestamp()
+    ended = (ended_at or found.ended_at or datetime.now(timezone.utc)).timestamp()
     return outcome_of(state, iteration, row.iterations, deadline, ended)
+
+
+def finished_training(row: RunRecord, found: Found, control_root: str) -> datetime | None:
+    """When its rank 0 reported the whole run trained, if it did: its last
+    status says `completed` at the last iteration, written after its ranks
+    saved and closed. A stop that kills its flow process just after (before
+    it tells Prefect Completed) leaves a finished run that only looks crashed."""
+    channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
+    status = channel.status()
+    if status is None or status.event != "completed" or status.iteration < row.iterations:
+        return None
+    try:
+        return datetime.fromtimestamp(channel.status_path.stat().st_mtime, timezone.utc)
+    except OSError:
+        return None
+
+
+async def _completed(client: Any, store: ServiceStore, row: RunRecord, found: Found, control_root: str,
+                     trained_at: datetime) -> None:
+    """Its process ended after training finished and before it told Prefect:
+    Completed, with the outcome of when it finished (not of when this worker
+    found it), and its GPUs released as of then."""
+    from prefect.states import Completed
+
+    try:
+        await client.set_flow_run_state(UUID(row.flow_run_id), Completed(
+            message="training finished; its process ended before it told Prefect"), force=True)
+    except Exception:
+        log.exception("could not mark flow run %s Completed", row.flow_run_id)
+        return
+    log.warning("flow run %s: finished training at %s and ended before telling Prefect: marked Completed",
+                row.flow_run_id, trained_at.isoformat(timespec="seconds"))
+    if row.status == RunPhase.RUNNING:
+        _released(store, row.flow_run_id, trained_at)
+    flow_run = await client.read_flow_run(UUID(row.flow_run_id))
+    store.upsert_job(row.flow_run_id, RunPhase.FINISHED, gpus="",
+                     outcome=settled(row, flow_run, found, control_root, trained_at).value)
 
 
 def _released(store: ServiceStore, run_id: str, at: datetime) -> None:

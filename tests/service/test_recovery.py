@@ -103,6 +103,49 @@ def test_runs_that_ended_half_told_are_settled_with_their_real_outcome(tmp_path:
     assert [a.action for a in store.allocations(done)] == ["release"]  # type: ignore[attr-defined]
 
 
+def test_a_run_stopped_after_it_trained_and_before_it_told_prefect_completed(tmp_path: Path) -> None:
+    """Chaos found it: a stop 5 s after a run's last iteration killed its flow
+    process before it told Prefect Completed, and the next start marked it
+    Crashed, outcome failed. Its rank 0 had reported the whole run trained:
+    it is Completed, met as of when it finished (not when the worker came
+    back, past its deadline), whether the store still had it running or had
+    released it; a run killed mid-training is still resumed."""
+    import asyncio
+    import os
+    import uuid
+
+    from prefect.states import Running
+
+    from scheduler_service.worker.recovery import recover
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    held, released, midway = ids
+    finished_at = datetime(2026, 12, 1, 12, 50, tzinfo=timezone.utc)
+    rows = []
+    for run_id, status in ((held, "running"), (released, "finished"), (midway, "running")):
+        row = _row()
+        row.flow_run_id, row.status = run_id, status
+        row.deadline = datetime(2026, 12, 1, 13, 0, tzinfo=timezone.utc)  # before the restart below
+        row.submitted_at = datetime(2026, 12, 1, 11, 59, tzinfo=timezone.utc)
+        rows.append(row)
+        channel = FileControlChannel(run_id, tmp_path)
+        done = run_id != midway
+        channel.publish_status({"iteration": 1000 if done else 400, "total_iterations": 1000,
+                                "event": "completed" if done else "segment.finished"})
+        os.utime(channel.status_path, (finished_at.timestamp(), finished_at.timestamp()))
+    store = _store_with(rows)
+    client = _Client({run_id: Running() for run_id in ids})
+    restart = datetime(2026, 12, 1, 13, 30, tzinfo=timezone.utc).timestamp()
+    adopted = asyncio.run(recover(client, store, str(tmp_path), 2, restart, alive=lambda pid, run_id: False))
+    assert [run.run_id for run, _ in adopted] == [midway]  # back in the queue, to continue from its checkpoint
+    assert client.set == {held: "Completed", released: "Completed", midway: "Resuming"}
+    outcomes = {row.flow_run_id: (row.status, row.outcome, row.gpus) for row in store.jobs()}  # type: ignore[attr-defined]
+    assert outcomes[held] == ("finished", "met", "") and outcomes[released] == ("finished", "met", "")
+    assert outcomes[midway][:2] == ("admitted", None)
+    (release,) = store.allocations(held)  # type: ignore[attr-defined]
+    assert (release.action, release.at.replace(tzinfo=timezone.utc)) == ("release", finished_at)
+
+
 def test_a_run_launched_but_never_started_keeps_its_one_decision(tmp_path: Path) -> None:
     """The worker was killed after it recorded a launch and before Prefect
     heard Pending (chaos found it): the run is still Scheduled, no process

@@ -3,7 +3,10 @@ does then: an HTTP proxy in front of a real server that holds every request
 `delay_s` before passing it on, and answers a share of the writes (POST,
 PATCH, PUT, DELETE) `503 Service Unavailable` at once, as Prefect's server on
 SQLite does in a burst ("database is locked"); Prefect's client retries
-those with a growing backoff. It runs on its own thread and event loop, one
+those with a growing backoff. A share `lost` of the writes reaches the
+server and its answer is lost on the way back (the connection drops), as
+when a loaded server answers after the client gave up: the client retries a
+write that was made. It runs on its own thread and event loop, one
 upstream connection per request (`Connection: close`)."""
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ def _closing(head: bytes) -> bytes:
 
 
 @contextmanager
-def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: int = 0) -> Iterator[str]:
+def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: int = 0,
+                lost: float = 0.0) -> Iterator[str]:
     """The URL of `api_url` behind the proxy: each request `delay_s` slower,
-    a share `unavailable` of the writes refused with a 503."""
+    a share `unavailable` of the writes refused with a 503, a share `lost`
+    made and their answers dropped."""
     target = urlsplit(api_url)
     rng = random.Random(seed)
     loop = asyncio.new_event_loop()
@@ -77,12 +82,14 @@ def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: in
         try:
             up_writer.write(_closing(head) + body)
             await up_writer.drain()
+            drop = method in WRITES and rng.random() < lost
             while data := await up_reader.read(65536):
-                writer.write(data)
+                if not drop:
+                    writer.write(data)
             await writer.drain()
         finally:
             up_writer.close()
-        return False  # the server closed after its answer: so does this connection
+        return False  # the server closed after its answer: so does this connection (at once, if dropped)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

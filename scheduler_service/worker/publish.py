@@ -113,21 +113,41 @@ class Publisher:
                 artifact = await self.client.create_artifact(ArtifactCreate(
                     type="markdown", data=markdown, flow_run_id=UUID(run.run_id), description=HISTORY_DESCRIPTION))
                 run.found_artifact(artifact.id)
+                await self._keep_only(run.run_id, artifact.id)
         except Exception:
             log.warning("could not update the allocation artifact of %s", run.run_id, exc_info=True)
+
+    async def _keep_only(self, run_id: str, artifact_id: Any) -> None:
+        """A create carries no id of ours, and Prefect's client retries one
+        that timed out or met a busy database after the server may have
+        stored it: a run would then show two histories, one left behind. So
+        after the one create of a run, any other history of it goes."""
+        from prefect.exceptions import ObjectNotFound
+
+        for extra in await self._histories(run_id):
+            if extra.id != artifact_id:
+                log.info("removing a second allocation history of %s (a retried create)", run_id)
+                try:
+                    await self.client.delete_artifact(extra.id)
+                except ObjectNotFound:  # a retried delete: the first one went through
+                    pass
+
+    async def _histories(self, run_id: str) -> list[Any]:
+        """The allocation-history artifacts Prefect holds of a run."""
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        artifacts = await self.client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)])))
+        return [a for a in artifacts if a.description == HISTORY_DESCRIPTION]
 
     async def find_history(self, run: ServiceRun, rows: list[tuple[datetime, str, str]]) -> None:
         """An adopted run keeps its one allocation-history artifact: found again
         and continued (earlier rows from the store), not a second one begun."""
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
         try:
-            artifacts = await self.client.read_artifacts(
-                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run.run_id)])))
+            ours = await self._histories(run.run_id)
         except Exception:
             log.warning("could not read the artifacts of %s", run.run_id, exc_info=True)
             return
-        ours = [a for a in artifacts if a.description == HISTORY_DESCRIPTION]
         if ours:
             run.found_artifact(ours[0].id)
         for at, action, gpus in rows:

@@ -41,6 +41,7 @@ class Problem(str, Enum):
     HELD_BY_ENDED = "held_by_ended"  # an ended run still holds GPUs in the store
     OUTLIVED = "outlived"  # a process of an ended run still alive
     MISSED = "missed"  # an admitted deadline run missed it, and no fault is known to have cost it
+    TRAINED_BUT_FAILED = "trained_but_failed"  # its rank 0 reported every iteration, its outcome says failed
 
 
 class Violation(BaseModel):
@@ -94,6 +95,10 @@ def audit(home: Path, prefect: list[PrefectRun], decisions: dict[str, int], excu
         if view.phase not in (RunPhase.ARRIVED, RunPhase.PROFILING) and decisions.get(run.id, 0) != 1:
             found.append(Violation(problem=Problem.DECISIONS, run=run.id,
                                    detail=f"{decisions.get(run.id, 0)} decisions recorded"))
+        if view.outcome is Outcome.FAILED and view.iteration and view.iteration >= (view.total_iterations or 0) > 0:
+            found.append(Violation(problem=Problem.TRAINED_BUT_FAILED, run=run.id,
+                                   detail=f"rank 0 reported {view.iteration}/{view.total_iterations} iterations; "
+                                          f"Prefect says {run.state_name}"))
         if view.outcome is Outcome.MISSED and run.id not in (excused or {}):
             found.append(Violation(problem=Problem.MISSED, run=run.id,
                                    detail=f"finished {view.finished_at}, deadline {view.deadline}"))

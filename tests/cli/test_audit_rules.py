@@ -1,0 +1,33 @@
+"""The audit's rules over a real store on disk: what chaos asserts on."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from flows.training.control import FileControlChannel
+from scheduler_service.contracts import RunPhase
+from scheduler_service.stack.audit import PrefectRun, Problem, audit
+
+
+@pytest.mark.parametrize(("iteration", "flagged"), [(1000, True), (400, False)])
+def test_a_run_that_trained_every_iteration_yet_failed_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 iteration: int, flagged: bool) -> None:
+    """A stop once killed a run's flow process just after its last iteration
+    and the next start called it failed: the audit names such a run, and not
+    one that failed midway."""
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import ServiceStore
+
+    monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+    store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
+    store.upsert_job("r1", RunPhase.FINISHED, flow_run_name="calm-otter", model="mlp", global_batch_size=32,
+                     iterations=1000, outcome="failed", submitted_at=datetime.now(timezone.utc))
+    FileControlChannel("r1", tmp_path / "control").publish_status({"iteration": iteration, "total_iterations": 1000,
+                                                                   "event": "completed"})
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=5)
+    crashed = PrefectRun(id="r1", state_type="CRASHED", state_name="Crashed", final=True, since=long_ago)
+    found = audit(tmp_path, [crashed], {"r1": 1})
+    assert [v.problem for v in found.violations] == ([Problem.TRAINED_BUT_FAILED] if flagged else [])

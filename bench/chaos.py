@@ -4,11 +4,11 @@ minute and at the end.
 
 Submissions (every 2-6 s): deadline runs the cluster can meet, best-effort
 runs, infeasible ones (rejected at once), and deadline runs cancelled 1-15 s
-after they are created. Faults (every 15-35 s): SIGKILL of the worker, of the
-Prefect server, of one rank of a training run; SIGINT to `up` and a fresh
-`up`; the newest checkpoint of a training run corrupted; with `--ray`
-(`up --ray local:2x2`), SIGKILL of a non-head node's raylet, and the node
-added back 20 s later.
+after they are created. Faults (every 15-35 s; `--fault-every`): SIGKILL of
+the worker, of the Prefect server, of one rank of a training run; SIGINT to
+`up` and a fresh `up`; the newest checkpoint of a training run corrupted;
+with `--ray` (`up --ray local:2x2`), SIGKILL of a non-head node's raylet, and
+the node added back 20 s later.
 
 Invariants (`scheduler_service.stack.audit`): every run decided exactly once;
 no GPU held by two runs or by an ended run (both checked every minute, while
@@ -21,7 +21,7 @@ stops, no process it started is left.
 The last line is JSON: `runs`, `submitted` and `faults` by kind,
 `violations`, `problems` by kind, `excused_misses`, `minutes`, `seed`.
 
-Run: .venv/bin/python bench/chaos.py [--minutes 10] [--seed 0] [--runs 0] [--ray] [--keep]
+Run: .venv/bin/python bench/chaos.py [--minutes 10] [--seed 0] [--runs 0] [--fault-every 25] [--ray] [--keep]
 """
 
 from __future__ import annotations
@@ -114,13 +114,15 @@ class Chaos:
         from scheduler_service.cli.status import report
         from scheduler_service.contracts import RunPhase
 
-        return [v.flow_run_id for v in report(self.home).runs if v.phase is RunPhase.RUNNING]
+        # a run launching or moving shows as rescaling until it acknowledges its GPUs: it trains too
+        return [v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.RUNNING, RunPhase.RESCALING)]
 
     def _live(self) -> list[str]:
         from scheduler_service.cli.status import report
         from scheduler_service.contracts import RunPhase
 
-        return [v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.ADMITTED, RunPhase.RUNNING)]
+        return [v.flow_run_id for v in report(self.home).runs
+                if v.phase in (RunPhase.ADMITTED, RunPhase.RUNNING, RunPhase.RESCALING)]
 
     # -- submissions ----------------------------------------------------------
     def submit(self) -> None:
@@ -308,10 +310,10 @@ class Chaos:
         return sum(1 for v in report(self.home).runs if v.outcome is Outcome.MISSED and v.flow_run_id in self.hit)
 
     # -- the session ----------------------------------------------------------
-    def run(self, minutes: float, at_least: int = 0) -> dict[str, Any]:
+    def run(self, minutes: float, at_least: int = 0, fault_every_s: float = 25.0) -> dict[str, Any]:
         self.later: list[tuple[float, Any]] = []
         self.start()
-        end, next_fault, next_check = time.time() + minutes * 60, time.time() + 20, time.time() + 60
+        end, next_fault, next_check = time.time() + minutes * 60, time.time() + 0.8 * fault_every_s, time.time() + 60
         while time.time() < end:
             now = time.time()
             for due, action in [d for d in self.later if d[0] <= now]:
@@ -319,7 +321,7 @@ class Chaos:
                 action()
             if now >= next_fault:
                 self.fault()
-                next_fault = time.time() + self.rng.uniform(15, 35)
+                next_fault = time.time() + self.rng.uniform(0.6, 1.4) * fault_every_s
             elif now >= next_check:
                 try:
                     say(f"check: {self.check(final=False)} violations, {len(self.runs)} runs")
@@ -362,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=0,
                         help="at least this many runs: submissions (no more faults) go on past the time until then")
+    parser.add_argument("--fault-every", type=float, default=25.0,
+                        help="mean seconds between faults (each 0.6-1.4 times it, the first at 0.8 times it)")
     parser.add_argument("--ray", action="store_true", help="ranks on a 2 x 2 loopback Ray cluster")
     parser.add_argument("--keep", action="store_true", help="keep the home (store, logs) and print where")
     args = parser.parse_args(argv)
@@ -374,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     chaos = Chaos(base, port, args.seed, args.ray)
     say(f"chaos for {args.minutes:g} min, seed {args.seed}{', on Ray' if args.ray else ''}; home {chaos.home}")
     try:
-        figures = {**chaos.run(args.minutes, args.runs), "seed": args.seed}
+        figures = {**chaos.run(args.minutes, args.runs, args.fault_every), "seed": args.seed}
     finally:
         chaos.stop()
         if not args.keep:

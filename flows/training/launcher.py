@@ -89,6 +89,7 @@ class Segment:
         self.launch_t = 0.0
         self.round = 0  # resizes in place so far
         self.paused: SegmentResult | None = None  # its ranks wait in memory for the next round
+        self._released: SegmentResult | None = None  # what they said when they saved and left
         self._progress_offset = 0
 
     def start(self) -> None:
@@ -149,9 +150,11 @@ class Segment:
 
     def release(self) -> SegmentResult | None:
         """A paused segment that does not go on in place: its ranks save where
-        they stand and exit; their last result (None if they could not say)."""
+        they stand and exit; their last result (None if they could not say).
+        Asked again, the same result: the ranks may be let go inside the
+        segment's task and the record read by the loop after it."""
         if self.paused is None:
-            return None
+            return self._released
         self.paused = None
         self._write(next_file(self.round), Next(round=self.round, action="save").model_dump_json())
         self._await_exit(self.procs, timeout_s=120.0)
@@ -159,6 +162,7 @@ class Segment:
             return None
         result = SegmentResult.model_validate_json((self.dir / result_file(self.round)).read_text())
         result.gpus = self.gpus
+        self._released = result
         return result
 
     def _await_exit(self, procs: list[Worker], timeout_s: float = 30.0) -> None:

@@ -111,6 +111,7 @@ class _Run:
         self.cause: Literal["plan", "control"] = "plan"
         self.parked = False  # time spent parked is not rescale cost
         self.unacked: ControlAck | None = None  # applied, told once the ranks it takes GPUs from are gone
+        self.stop_asked = False  # the scheduler said stop: nothing trains again
 
     def checkpointed(self) -> int:
         """The iteration of the newest checkpoint: where the next segment starts."""
@@ -118,18 +119,39 @@ class _Run:
         return done[-1] if done else 0
 
     def take_command(self) -> bool:
-        """Apply the scheduler's newest command, if there is one; False if it says stop."""
+        """Apply the scheduler's newest command, if there is one; False once one said stop."""
         command = self.channel.pending(self.applied_seq)
         if command is None:
-            return True
+            return not self.stop_asked
         self.applied_seq = command.seq
         if command.action == "stop":
+            self.stop_asked = True
             self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=[])
             return False
         self.override, self.cause, self.where = list(command.gpus or []), "control", command.placement
         self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=self.override)
         log.info("control command applied run_key=%s seq=%d gpus=%s", self.run_key, command.seq, self.override)
         return True
+
+    def let_go(self, segment: RunningSegment, result: SegmentResult) -> None:
+        """The ranks stopped for the scheduler's newest command: when they are
+        gone, or it takes every GPU they hold (a park, a stop, a move
+        elsewhere), it is applied and acknowledged here, inside the segment's
+        task, paused ranks saving first. The GPUs are then another run's the
+        moment the ranks are gone, not once Prefect has heard the task end:
+        through a slow server that once took 33 s, while the run placed on
+        those GPUs waited and missed its deadline. A command that keeps some
+        of their GPUs is left to the regroup, which lets the leavers go."""
+        command = self.channel.pending(self.applied_seq)
+        if command is None or not (result.paused or result.reason == "stopped"):
+            return
+        if result.paused:
+            if command.action != "stop" and set(command.gpus or []) & set(segment.gpus):
+                return
+            segment.release()  # the loop's release reads the same record of where they saved
+        self.iteration = result.end_iteration
+        self.take_command()
+        self.acknowledge()
 
     def acknowledge(self) -> None:
         """Tell the scheduler its command is applied: only once the ranks it
@@ -274,6 +296,7 @@ def run_training(
             result = segment.wait(progress)
             if result.paused:
                 live = segment
+            run.let_go(segment, result)
             return result
         except BaseException:
             segment.kill(grace_s=30.0)  # let workers checkpoint before we go

@@ -82,7 +82,7 @@ class RunningSegment(Protocol):
         """After `wait` said `paused`: go on in place on `gpus` (False: it cannot, `release` it)."""
 
     def release(self) -> SegmentResult | None:
-        """After `wait` said `paused`: its ranks save where they stand and exit; their result."""
+        """After `wait` said `paused`: its ranks save where they stand and exit; their result (again if asked again)."""
 
     def kill(self, grace_s: float = 5.0) -> None:
         """Ask for a stop, and end whatever is still there `grace_s` later."""

@@ -105,6 +105,47 @@ def test_a_stop_while_paused_saves_where_the_ranks_stand(
     assert_same_trajectory(result.losses, reference())
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_park_frees_the_gpus_before_the_segments_task_has_ended(
+    make_params: Callable[..., TrainParameters], reference: Any, in_place: bool
+) -> None:
+    """The segment's task ends through Prefect, which once took 33 s behind a
+    slow server while the run placed on the parked run's GPUs waited: by the
+    time the task returns, the ranks have saved and gone and the park is
+    acknowledged, whether the ranks paused for a resize in place or not."""
+    import threading
+    import time
+
+    from flows.training.control import FileControlChannel
+    from tests.runtime.conftest import when_iteration_reaches
+
+    params = make_params(gpu_plan=[[0, 1]], iterations=N, checkpoint_interval=1000, resize_in_place=in_place)
+    channel = FileControlChannel("parked", params.control_dir)
+    seen: list[RunningSegment] = []
+    at_task_end: list[tuple[Any, bool, list[int]]] = []  # the ack, any rank alive, the checkpoints
+
+    def hook(segment: RunningSegment) -> None:
+        seen.append(segment)
+        if len(seen) == 1:
+            when_iteration_reaches(segment, 20, lambda: channel.request("rescale", []))
+
+    def task(go: Callable[[], Any], name: str) -> Any:
+        result = go()
+        if len(at_task_end) == 0:  # the first segment's task, before Prefect would hear that it ended
+            at_task_end.append((channel.acknowledged(), any(process_alive(p) for p in seen[0].pids),
+                                CheckpointStorage(params.checkpoint_store).iterations("parked")))
+            threading.Timer(0.5, lambda: channel.request("rescale", [0, 1])).start()
+        return result
+
+    result = run_training(params, "parked", wrap_segment=task, segment_hook=hook, park_poll_s=0.05)
+    assert result.status == "completed"
+    ((ack, alive, saved),) = at_task_end
+    stopped_at = result.segments[0].end_iteration
+    assert ack is not None and ack.gpus == [] and ack.seq == 1 and not alive
+    assert saved == [stopped_at] and result.segments[1].start_iteration == stopped_at
+    assert_same_trajectory(result.losses, reference())
+
+
 def test_a_resize_in_place_racing_a_termination_leaves_no_process(
     make_params: Callable[..., TrainParameters]
 ) -> None:

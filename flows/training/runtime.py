@@ -133,25 +133,26 @@ class _Run:
         log.info("control command applied run_key=%s seq=%d gpus=%s", self.run_key, command.seq, self.override)
         return True
 
-    def let_go(self, segment: RunningSegment, result: SegmentResult) -> None:
-        """The ranks stopped for the scheduler's newest command: when they are
-        gone, or it takes every GPU they hold (a park, a stop, a move
-        elsewhere), it is applied and acknowledged here, inside the segment's
-        task, paused ranks saving first. The GPUs are then another run's the
-        moment the ranks are gone, not once Prefect has heard the task end:
-        through a slow server that once took 33 s, while the run placed on
-        those GPUs waited and missed its deadline. A command that keeps some
-        of their GPUs is left to the regroup, which lets the leavers go."""
+    def let_go(self, segment: RunningSegment, result: SegmentResult) -> bool:
+        """The ranks stopped for the scheduler's newest command: it is applied
+        here, inside the segment's task, not once Prefect has heard the task
+        end (through a slow server that once took 33 s, while the run placed
+        on those GPUs waited and missed its deadline). When the ranks are
+        gone, or the command takes every GPU they hold (a park, a stop, a
+        move elsewhere), paused ranks save first and it is acknowledged at
+        once. True when paused ranks keep some GPUs: the caller regroups them
+        now, and acknowledges once the leavers are gone."""
         command = self.channel.pending(self.applied_seq)
         if command is None or not (result.paused or result.reason == "stopped"):
-            return
-        if result.paused:
-            if command.action != "stop" and set(command.gpus or []) & set(segment.gpus):
-                return
-            segment.release()  # the loop's release reads the same record of where they saved
+            return False
         self.iteration = result.end_iteration
         self.take_command()
+        if result.paused and command.action != "stop" and set(command.gpus or []) & set(segment.gpus):
+            return True
+        if result.paused:
+            segment.release()  # the loop's release reads the same record of where they saved
         self.acknowledge()
+        return False
 
     def acknowledge(self) -> None:
         """Tell the scheduler its command is applied: only once the ranks it
@@ -262,6 +263,8 @@ def run_training(
 
     trained = False  # the last segment launched did at least one iteration
     live: RunningSegment | None = None  # paused in memory at its stop, for a resize in place
+    ahead: tuple[SegmentSpec, list[int], int] | None = None  # the next segment, decided in the last one's task
+    regrouped: RunningSegment | None = None  # and already going on in place, for the next launch to wait on
 
     def release() -> None:
         nonlocal live
@@ -269,14 +272,36 @@ def run_training(
             paused, live = live, None
             run.released(paused.release())
 
+    def next_segment() -> tuple[SegmentSpec, list[int], int]:
+        gpus, stop_at, standby = run.next_segment(total)
+        spec = SegmentSpec.of_run(params, run_key=run_key, total_iterations=total, stop_at=stop_at,
+                                  checkpoint_url=checkpoint_url, device=device, control_dir=str(control_root),
+                                  applied_seq=run.applied_seq, in_place=params.resize_in_place and ranks.in_place)
+        return spec, gpus, standby
+
+    def regroup_now(segment: RunningSegment) -> None:
+        """The scheduler's command keeps some of the paused ranks' GPUs: they
+        regroup at once, inside the task of the segment they paused in, and
+        the command is acknowledged once the leavers are gone."""
+        nonlocal ahead, live, regrouped
+        ahead = next_segment()
+        spec, gpus, _ = ahead
+        if segment.regroup(spec, gpus):
+            live, regrouped = None, segment
+        else:  # a rank is gone: from the checkpoint, in the next launch
+            release()
+        run.acknowledge()
+
     def launch(spec: SegmentSpec, gpus: list[int], standby: int, on_progress: ProgressCallback) -> SegmentResult:
-        nonlocal trained, live
-        paused = live
-        if paused is not None and paused.regroup(spec, gpus):
+        nonlocal trained, live, regrouped
+        paused, fresh = live, False
+        if regrouped is not None:
+            segment, regrouped = regrouped, None
+        elif paused is not None and paused.regroup(spec, gpus):
             segment, live = paused, None
         else:  # none of its GPUs stay, or a rank is gone: from its checkpoint
             release()
-            segment = ranks.segment(spec, gpus, run.where)
+            segment, fresh = ranks.segment(spec, gpus, run.where), True
         run.acknowledge()  # the ranks that leave are gone: their GPUs may go to others
         termination.segment = segment
         trained = False
@@ -289,14 +314,15 @@ def run_training(
             on_progress(line)
 
         try:  # a TerminationSignal can land anywhere here, even between handing out two workers' orders
-            if segment is not paused:
+            if fresh:
                 segment.start()
             if segment_hook:
                 segment_hook(segment)
             result = segment.wait(progress)
             if result.paused:
                 live = segment
-            run.let_go(segment, result)
+            if run.let_go(segment, result):
+                regroup_now(segment)
             return result
         except BaseException:
             segment.kill(grace_s=30.0)  # let workers checkpoint before we go
@@ -308,21 +334,20 @@ def run_training(
     failed = False
     try:
         while run.iteration < total:
-            if not run.take_command():
-                release()
-                run.acknowledge()
-                status = "stopped"
-                break
-            if run.override == []:  # parked by the scheduler: hold no workers until told
-                release()
-                run.acknowledge()
-                run.parked = True
-                time.sleep(park_poll_s)
-                continue
-            gpus, stop_at, standby = run.next_segment(total)
-            spec = SegmentSpec.of_run(params, run_key=run_key, total_iterations=total, stop_at=stop_at,
-                                      checkpoint_url=checkpoint_url, device=device, control_dir=str(control_root),
-                                      applied_seq=run.applied_seq, in_place=params.resize_in_place and ranks.in_place)
+            if ahead is None:
+                if not run.take_command():
+                    release()
+                    run.acknowledge()
+                    status = "stopped"
+                    break
+                if run.override == []:  # parked by the scheduler: hold no workers until told
+                    release()
+                    run.acknowledge()
+                    run.parked = True
+                    time.sleep(park_poll_s)
+                    continue
+                ahead = next_segment()
+            (spec, gpus, standby), ahead = ahead, None
             tracker.segment_started(gpus, run.iteration)
             name = f"segment-{len(run.segments)}-it{run.iteration}-gpus{'_'.join(map(str, gpus))}"
 
@@ -354,6 +379,8 @@ def run_training(
         try:
             if live is not None:  # never left behind: its ranks save and exit
                 live.release()
+            if regrouped is not None:  # regrouped for a launch that never came: stopped where it stands
+                regrouped.kill(grace_s=30.0)
             run.acknowledge()
         finally:
             ranks.close()

@@ -146,6 +146,46 @@ def test_a_park_frees_the_gpus_before_the_segments_task_has_ended(
     assert_same_trajectory(result.losses, reference())
 
 
+@pytest.mark.parametrize("to", [[0], [0, 1, 2, 3]])
+def test_a_resize_the_scheduler_asks_for_is_made_in_place_before_the_segments_task_has_ended(
+    make_params: Callable[..., TrainParameters], reference: Any, to: list[int]
+) -> None:
+    """A shrink or a grow that keeps GPUs: the ranks regroup right after the
+    pause, inside the task of the segment they paused in, so the leavers'
+    GPUs are free (and the command acknowledged) before Prefect hears that
+    task end, and the run trains on meanwhile."""
+    from flows.training.control import FileControlChannel
+    from tests.runtime.conftest import when_iteration_reaches
+
+    params = make_params(gpu_plan=[[0, 1]], iterations=N, checkpoint_interval=1000, resize_in_place=True)
+    channel = FileControlChannel("steered", params.control_dir)
+    seen: list[RunningSegment] = []
+    before: list[int] = []
+    at_task_end: list[tuple[Any, list[int], list[int]]] = []  # the ack, the ranks' pids then, those alive
+
+    def hook(segment: RunningSegment) -> None:
+        seen.append(segment)
+        if len(seen) == 1:
+            before.extend(segment.pids)
+            when_iteration_reaches(segment, 20, lambda: channel.request("rescale", to))
+
+    def task(go: Callable[[], Any], name: str) -> Any:
+        result = go()
+        if not at_task_end:
+            pids = list(seen[0].pids)
+            at_task_end.append((channel.acknowledged(), pids, [p for p in {*before, *pids} if process_alive(p)]))
+        return result
+
+    result = run_training(params, "steered", wrap_segment=task, segment_hook=hook)
+    assert result.status == "completed" and result.restarts == 0
+    ((ack, pids, alive),) = at_task_end
+    assert ack is not None and ack.seq == 1 and ack.gpus == to
+    assert len(pids) == len(to) and before[0] in pids and sorted(alive) == sorted(pids)  # leaver gone, joiners in
+    assert len(seen) == 2 and seen[1] is seen[0] and [r.how for r in result.rescales] == ["in_place"]
+    assert CheckpointStorage(params.checkpoint_store).iterations("steered") == [N]
+    assert_same_trajectory(result.losses, reference())
+
+
 def test_a_resize_in_place_racing_a_termination_leaves_no_process(
     make_params: Callable[..., TrainParameters]
 ) -> None:

@@ -248,22 +248,27 @@ class Chaos:
                     and f"ELASTICFLOW_HOME={self.home}".encode() in environ:
                 os.kill(pid, signal.SIGKILL)
                 cluster = self._group("local Ray cluster")
-                self.later.append((time.time() + 20, lambda: cluster and cluster.signal(signal.SIGHUP)))
+                self.later.append((time.time() + 20, lambda: cluster and cluster.signal_leader(signal.SIGHUP)))
                 return True
         return False
 
     # -- checks ---------------------------------------------------------------
-    def check(self, final: bool) -> int:
+    def _prefect_runs(self) -> list[Any]:
         from prefect.client.orchestration import get_client
 
-        from scheduler_service.stack.audit import audit, decision_counts, read_flow_runs
+        from scheduler_service.stack.audit import read_flow_runs
 
         async def read() -> Any:
             async with get_client() as client:
                 return await read_flow_runs(client, list(self.runs))
 
+        return asyncio.run(read())
+
+    def check(self, final: bool) -> int:
+        from scheduler_service.stack.audit import audit, decision_counts
+
         excused = {r: ",".join(sorted(f)) for r, f in self.hit.items()}
-        found = audit(self.home, asyncio.run(read()), decision_counts(self.home), excused,
+        found = audit(self.home, self._prefect_runs(), decision_counts(self.home), excused,
                       settle_s=0.0 if final else 120.0).violations
         counted = [v for v in found if final or v.problem.value in HARD]
         for violation in counted:
@@ -275,13 +280,20 @@ class Chaos:
         return len(counted)
 
     def settle(self, timeout_s: float) -> None:
-        """Until every run is final in Prefect and ended in the store (or `timeout_s`)."""
+        """Until every run is final in Prefect and ended in the store (or
+        `timeout_s`); a run cancelled before any worker took it in is ended
+        in Prefect alone (the store never had it)."""
         from scheduler_service.cli.status import report
         from scheduler_service.contracts import RunPhase
 
         give_up, all_ended_at = time.time() + timeout_s, None
         while time.time() < give_up:
             ended = {v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED)}
+            try:
+                ended |= {r.id for r in self._prefect_runs() if r.state_type == "CANCELLED"} - \
+                    {v.flow_run_id for v in report(self.home).runs}
+            except Exception:
+                pass  # the server is restarting: asked again in 5 s
             if set(self.runs) <= ended:
                 all_ended_at = all_ended_at or time.time()
                 # a violation that outlasts a minute with every run ended is not one the stack is still fixing
@@ -290,16 +302,10 @@ class Chaos:
             time.sleep(5.0)
 
     def check_quietly(self) -> int:
-        from prefect.client.orchestration import get_client
-
-        from scheduler_service.stack.audit import audit, decision_counts, read_flow_runs
-
-        async def read() -> Any:
-            async with get_client() as client:
-                return await read_flow_runs(client, list(self.runs))
+        from scheduler_service.stack.audit import audit, decision_counts
 
         try:
-            return len(audit(self.home, asyncio.run(read()), decision_counts(self.home), settle_s=0.0).violations)
+            return len(audit(self.home, self._prefect_runs(), decision_counts(self.home), settle_s=0.0).violations)
         except Exception:
             return 1
 

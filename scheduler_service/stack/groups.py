@@ -53,6 +53,19 @@ class Group:
                 return []  # the PID was reused: another group, not ours
         return [pid for pid, _ in found]
 
+    def signal_leader(self, sig: int) -> bool:
+        """Signal only the process that leads the group, if the group is still
+        ours and its leader alive: a signal the leader handles (the local Ray
+        cluster adds a node on SIGHUP) would end the others (Ray's GCS and
+        raylets die of a SIGHUP sent to the whole group)."""
+        if self.pgid not in self.members():
+            return False
+        try:
+            os.kill(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
     def signal(self, sig: int) -> bool:
         """Signal the whole group if it is still ours and alive; whether it was."""
         if not self.members():

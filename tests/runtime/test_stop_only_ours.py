@@ -55,3 +55,32 @@ def test_a_record_whose_pid_now_belongs_to_someone_else_is_not_honoured(tmp_path
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_signal_for_the_leader_reaches_it_and_not_the_rest_of_its_group(tmp_path: Path) -> None:
+    """Chaos once added a Ray node back with SIGHUP to the local cluster's
+    whole group: Ray's GCS, in that group, died of it, and the cluster with
+    it. The leader handles the signal; its child (default action: exit) must
+    not get it."""
+    home = tmp_path / "home"
+    heard = tmp_path / "heard"
+    leader = subprocess.Popen([sys.executable, "-c",
+                               "import pathlib, signal, subprocess, sys, time\n"
+                               "child = subprocess.Popen(['sleep', '300'])\n"
+                               "print(child.pid, flush=True)\n"
+                               f"signal.signal(signal.SIGHUP, lambda *_: pathlib.Path({str(heard)!r}).touch())\n"
+                               "time.sleep(300)"], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        child = int(leader.stdout.readline())  # type: ignore[union-attr]
+        record_group(home, leader.pid, "local Ray cluster")
+        (group,) = groups_of(home)
+        assert group.signal_leader(signal.SIGHUP)
+        deadline = time.time() + 10
+        while not heard.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert heard.exists() and _alive(leader)
+        state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state not in ("Z", "X"), "the SIGHUP reached the rest of the group"
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()

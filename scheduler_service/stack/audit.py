@@ -87,7 +87,9 @@ def audit(home: Path, prefect: list[PrefectRun], decisions: dict[str, int], excu
     for run in prefect:
         view = views.get(run.id)
         if view is None:
-            if run.state_type not in UNDECIDED and settled(run.since):
+            # Cancelled while no worker had taken it in (the stack down, say): it never
+            # reached the scheduler, so there is nothing for the store to agree on.
+            if run.state_type not in UNDECIDED | {"CANCELLED"} and settled(run.since):
                 found.append(Violation(problem=Problem.LOST, run=run.id,
                                        detail=f"Prefect says {run.state_name}; the store never took it in"))
             continue

@@ -31,3 +31,21 @@ def test_a_run_that_trained_every_iteration_yet_failed_is_named(tmp_path: Path, 
     crashed = PrefectRun(id="r1", state_type="CRASHED", state_name="Crashed", final=True, since=long_ago)
     found = audit(tmp_path, [crashed], {"r1": 1})
     assert [v.problem for v in found.violations] == ([Problem.TRAINED_BUT_FAILED] if flagged else [])
+
+
+@pytest.mark.parametrize(("state_type", "flagged"), [("CANCELLED", False), ("COMPLETED", True), ("SCHEDULED", False)])
+def test_a_run_the_store_never_took_in_is_lost_unless_cancelled_first_or_still_waiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_type: str, flagged: bool) -> None:
+    """Chaos on Ray cancelled three runs while the worker was down: they never
+    reached the scheduler, and the audit must not call them lost; a run that
+    ran (Completed) with no record of the scheduler's is."""
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import ServiceStore
+
+    monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+    ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=5)
+    run = PrefectRun(id="r1", state_type=state_type, state_name=state_type.title(),
+                     final=state_type != "SCHEDULED", since=long_ago)
+    found = audit(tmp_path, [run], {})
+    assert [v.problem for v in found.violations] == ([Problem.LOST] if flagged else [])

@@ -83,9 +83,9 @@ class TrainParameters(BaseModel):
     )
     control_dir: str | None = Field(default=None, description="root of the file control channel")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    resize_in_place: bool = Field(default=False, description="resize without a checkpoint where the ranks can: "
-                                  "those that stay keep their state (local ranks only; opt-in until the scheduler "
-                                  "plans with its cost, docs/training.md)")
+    resize_in_place: bool = Field(default=True, description="resize without a checkpoint where the ranks can: "
+                                  "those that stay keep their state, newcomers get it from them (local ranks; "
+                                  "False: every resize through a checkpoint, docs/training.md)")
     max_restarts: int = Field(default=3, ge=0, le=100, description="relaunches after a crashed segment")
     run_key: str | None = Field(default=None, description="checkpoint/control key; defaults to the flow run id")
     ray_address: str | None = Field(default=None, description="the Ray cluster whose nodes run the ranks (set by "

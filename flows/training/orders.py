@@ -12,8 +12,10 @@ and the stack import it before anything heavy.
 
 from __future__ import annotations
 
+import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,14 +24,39 @@ from flows.training.identity import RankIdentity
 
 
 LOOPBACK = "127.0.0.1"
+FIXED_PORTS_BELOW = 10000  # well-known and registered services mostly sit below this: not searched
 
 
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port free right now on `host`'s address (only there, never every
-    interface): a rendezvous on rank 0's node, or a server of the local stack."""
+    interface): a rendezvous on rank 0's node, or a server of the local stack.
+
+    Taken below the kernel's ephemeral range where there is room: a port the
+    kernel hands out for port 0 is in that range, and so is the local port of
+    every outgoing connection (a Prefect client's, another job's ranks'), so
+    between this check and the bind that needs it one of those could take it
+    (`Address already in use`: a run failed so on a busy CI machine)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(64 if low - FIXED_PORTS_BELOW >= 1024 else 0):
+        port = rng.randrange(FIXED_PORTS_BELOW, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,15 @@ def test_a_rendezvous_port_is_free_on_the_address_asked_for() -> None:
         sock.bind(("127.0.0.1", port))  # still free
 
 
+def test_a_rendezvous_port_is_one_no_outgoing_connection_can_take_meanwhile() -> None:
+    """Outgoing connections get their local port from the kernel's ephemeral
+    range; one took a rank 0's rendezvous port between its choice and its
+    bind once (`Address already in use`). Ports come from below that range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port("127.0.0.1") for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1, ports
+
+
 def test_the_launch_carries_the_standby_count_and_a_bad_one_reads_as_none() -> None:
     spec = LaunchSpec(gpus=[0, 1], nodes=["localhost"], standby=2)
     assert LaunchSpec.from_env(spec.to_env()) == spec and standby_of(spec.to_env()) == 2

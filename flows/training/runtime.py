@@ -288,8 +288,8 @@ def run_training(
         spec, gpus, _ = ahead
         if segment.regroup(spec, gpus):
             live, regrouped = None, segment
-        else:  # a rank is gone: from the checkpoint, in the next launch
-            release()
+        else:  # a rank is gone: the others save, and the next launch goes on from the checkpoint
+            segment.release()  # recorded by that launch's release, once this segment's result is
         run.acknowledge()
 
     def launch(spec: SegmentSpec, gpus: list[int], standby: int, on_progress: ProgressCallback) -> SegmentResult:

@@ -12,6 +12,7 @@ runs one until SIGTERM, writing its address to ADDRESS_FILE once it is up.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -116,7 +117,8 @@ def main(argv: list[str]) -> int:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(cluster.address)
     tmp.replace(out)
-    print(f"local Ray cluster: {nodes} nodes x {slots} slots at {cluster.address}; SIGHUP adds a node", flush=True)
+    print(f"local Ray cluster: {nodes} nodes x {slots} slots at {cluster.address}; SIGHUP to this process "
+          f"(pid {os.getpid()}, not its group) adds a node", flush=True)
     while True:
         stop.wait()
         if not grow.is_set():

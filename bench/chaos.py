@@ -15,7 +15,9 @@ no GPU held by two runs or by an ended run (both checked every minute, while
 faults fly); at the end, once every run is final: the store (and so `elasticflow
 status`) and Prefect agree on every run, none lost, no process of an ended
 run alive, and every admitted deadline run met its deadline unless a fault
-hit it while it was live (those are counted, by fault). After the stack
+hit it while it was live (those are counted, by fault); a run still live
+ten minutes after the last fault is a violation of its own (`never_ended`:
+the store and Prefect can agree that it waits for ever). After the stack
 stops, no process it started is left.
 
 The last line is JSON: `runs`, `submitted` and `faults` by kind,
@@ -279,14 +281,14 @@ class Chaos:
                 say(f"violation {line}")
         return len(counted)
 
-    def settle(self, timeout_s: float) -> None:
+    def settle(self, timeout_s: float) -> set[str]:
         """Until every run is final in Prefect and ended in the store (or
         `timeout_s`); a run cancelled before any worker took it in is ended
-        in Prefect alone (the store never had it)."""
+        in Prefect alone (the store never had it). The runs not ended then."""
         from scheduler_service.cli.status import report
         from scheduler_service.contracts import RunPhase
 
-        give_up, all_ended_at = time.time() + timeout_s, None
+        give_up, all_ended_at, ended = time.time() + timeout_s, None, set()
         while time.time() < give_up:
             ended = {v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED)}
             try:
@@ -298,8 +300,9 @@ class Chaos:
                 all_ended_at = all_ended_at or time.time()
                 # a violation that outlasts a minute with every run ended is not one the stack is still fixing
                 if not self.check_quietly() or time.time() - all_ended_at > 60:
-                    return
+                    return set()
             time.sleep(5.0)
+        return set(self.runs) - ended
 
     def check_quietly(self) -> int:
         from scheduler_service.stack.audit import audit, decision_counts
@@ -350,7 +353,10 @@ class Chaos:
             time.sleep(max(0.0, due - time.time()))
             action()
         say("settling: no more submissions or faults")
-        self.settle(timeout_s=600)
+        for run in sorted(self.settle(timeout_s=600)):  # the store and Prefect may agree that it waits for ever
+            self.problems["never_ended"] += 1
+            self.seen.append(f"never ended: {run}")
+            say(f"violation never_ended: {run}: still live ten minutes after the last fault")
         self.check(final=True)
         self.stop()
         from scheduler_service.stack.groups import groups_of

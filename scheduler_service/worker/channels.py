@@ -31,3 +31,18 @@ def observe(run_id: str, channel: FileControlChannel) -> list[Event]:
         events.append(Progress(run_id, status.iteration, tuple(status.gpus), status.iterations_per_s, projected,
                                status.save_error))
     return events
+
+
+def trained_at(channel: FileControlChannel, iterations: int) -> float | None:
+    """When rank 0 reported the whole run trained, if it did: its last status
+    says `completed` at the last iteration, written once its ranks saved and
+    closed. A deadline is judged by that moment: what the flow process tells
+    Prefect afterwards is bookkeeping, which a slow server once stretched by
+    a minute (a run trained 56 s before its deadline was counted late)."""
+    status = channel.status()
+    if status is None or status.event != "completed" or status.iteration < iterations:
+        return None
+    try:
+        return channel.status_path.stat().st_mtime
+    except OSError:
+        return None

@@ -10,6 +10,7 @@ still shows Admitted before the Pending of its launch.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,7 +32,7 @@ from scheduler_service.loop.actions import (
     Started,
     StartedSlowly,
 )
-from scheduler_service.worker.channels import send
+from scheduler_service.worker.channels import send, trained_at
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.cluster_view import ClusterView
 from scheduler_service.worker.registry import RunRegistry, ServiceRun
@@ -141,5 +142,6 @@ class Executor:
         status = run.channel.status() if release.launched else None
         if status is not None and status.iteration > release.iteration:
             release = replace(release, iteration=status.iteration)
-        outcome = self.reporter.ended(run, release, state, why, self.clock())
+        trained = trained_at(run.channel, release.iterations) if release.launched else None
+        outcome = self.reporter.ended(run, release, state, why, min(trained or math.inf, self.clock()))
         self.view.ended(run.run_id, release.iteration, outcome)

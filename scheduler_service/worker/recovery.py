@@ -19,6 +19,7 @@ from uuid import UUID
 from flows.training.control import FileControlChannel
 from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, outcome_of
 from scheduler_service.loop.events import Adopted
+from scheduler_service.worker.channels import trained_at
 from scheduler_service.worker.intake import policy_job
 from scheduler_service.worker.registry import ServiceRun
 from scheduler_service.worker.store import AllocationRecord, RunRecord, ServiceStore, aware
@@ -176,18 +177,12 @@ def settled(row: RunRecord, flow_run: Any | None, found: Found, control_root: st
 
 
 def finished_training(row: RunRecord, found: Found, control_root: str) -> datetime | None:
-    """When its rank 0 reported the whole run trained, if it did: its last
-    status says `completed` at the last iteration, written after its ranks
-    saved and closed. A stop that kills its flow process just after (before
-    it tells Prefect Completed) leaves a finished run that only looks crashed."""
-    channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
-    status = channel.status()
-    if status is None or status.event != "completed" or status.iteration < row.iterations:
-        return None
-    try:
-        return datetime.fromtimestamp(channel.status_path.stat().st_mtime, timezone.utc)
-    except OSError:
-        return None
+    """When its rank 0 reported the whole run trained, if it did
+    (channels.trained_at). A stop that kills its flow process just after
+    (before it tells Prefect Completed) leaves a finished run that only
+    looks crashed."""
+    at = trained_at(FileControlChannel(row.flow_run_id, found.control_dir or control_root), row.iterations)
+    return None if at is None else datetime.fromtimestamp(at, timezone.utc)
 
 
 async def _completed(client: Any, store: ServiceStore, row: RunRecord, found: Found, control_root: str,

@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from flows.training.control import ControlAck, FileControlChannel
 from scheduler_service.worker.recovery import Found, adopted_run
 from scheduler_service.worker.store import RunRecord
@@ -170,3 +172,20 @@ def test_a_run_launched_but_never_started_keeps_its_one_decision(tmp_path: Path)
     assert (stored.status, stored.gpus) == ("admitted", "")
     assert [a.action for a in store.allocations(row.flow_run_id)] == ["release"]  # type: ignore[attr-defined]
     assert client.set == {}
+
+
+@pytest.mark.parametrize(("iteration", "event", "judged_at"), [
+    (1000, "completed", "trained"), (400, "completed", None), (1000, "segment.finished", None)])
+def test_a_deadline_is_judged_when_rank_0_reported_the_run_trained(
+        tmp_path: Path, iteration: int, event: str, judged_at: str | None) -> None:
+    """A run through a slow server trained 56 s before its deadline and was
+    counted late: its flow process needed a minute more to tell Prefect.
+    The moment that counts is rank 0's report of the last iteration."""
+    import os
+
+    from scheduler_service.worker.channels import trained_at
+
+    channel = FileControlChannel("r1", tmp_path)
+    channel.publish_status({"iteration": iteration, "total_iterations": 1000, "event": event})
+    os.utime(channel.status_path, (1_800_000_000.0, 1_800_000_000.0))
+    assert trained_at(channel, 1000) == (1_800_000_000.0 if judged_at else None)

@@ -187,8 +187,9 @@ class PrefectProgress(ProgressTracker):
         if result.reason == "stopped" and self.iteration < self.total:
             self._resizes += 1
             gpus = ",".join(map(str, result.gpus))
+            how = "stopped" if result.paused else "checkpointed"  # paused ranks save only if they cannot go on
             self._outbox.put(self._safely("state", lambda: self._state(
-                "Rescaling", f"checkpointed at iteration {self.iteration} on GPUs {gpus}; "
+                "Rescaling", f"{how} at iteration {self.iteration} on GPUs {gpus}; "
                 "continuing on the GPU set the scheduler chose")), key="state")
 
     def on_iteration(self, iteration: int, loss: float, wall_t: float) -> None:

@@ -290,10 +290,11 @@ class Chaos:
 
         give_up, all_ended_at, ended = time.time() + timeout_s, None, set()
         while time.time() < give_up:
-            ended = {v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED)}
+            views = report(self.home).runs
+            ended = {v.flow_run_id for v in views if v.phase in (RunPhase.FINISHED, RunPhase.REJECTED)}
             try:
                 ended |= {r.id for r in self._prefect_runs() if r.state_type == "CANCELLED"} - \
-                    {v.flow_run_id for v in report(self.home).runs}
+                    {v.flow_run_id for v in views}
             except Exception:
                 pass  # the server is restarting: asked again in 5 s
             if set(self.runs) <= ended:

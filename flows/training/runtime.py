@@ -145,7 +145,7 @@ class _Run:
         command = self.channel.pending(self.applied_seq)
         if command is None or not (result.paused or result.reason == "stopped"):
             return False
-        self.iteration = result.end_iteration
+        self.iteration = result.end_iteration  # what the acknowledgement says; `ended` sets it alike after the task
         self.take_command()
         if result.paused and command.action != "stop" and set(command.gpus or []) & set(segment.gpus):
             return True

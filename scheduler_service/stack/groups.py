@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,24 +59,19 @@ class Group:
         ours and its leader alive: a signal the leader handles (the local Ray
         cluster adds a node on SIGHUP) would end the others (Ray's GCS and
         raylets die of a SIGHUP sent to the whole group)."""
-        if self.pgid not in self.members():
-            return False
-        try:
-            os.kill(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return self.pgid in self.members() and _send(os.kill, self.pgid, sig)
 
     def signal(self, sig: int) -> bool:
         """Signal the whole group if it is still ours and alive; whether it was."""
-        if not self.members():
-            return False
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return bool(self.members()) and _send(os.killpg, self.pgid, sig)
 
+
+def _send(kill: Callable[[int, int], None], target: int, sig: int) -> bool:
+    try:
+        kill(target, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, process group, start time) of a process, or None if it is gone."""

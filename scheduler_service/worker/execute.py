@@ -10,7 +10,6 @@ still shows Admitted before the Pending of its launch.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -143,5 +142,5 @@ class Executor:
         if status is not None and status.iteration > release.iteration:
             release = replace(release, iteration=status.iteration)
         trained = trained_at(run.channel, release.iterations) if release.launched else None
-        outcome = self.reporter.ended(run, release, state, why, min(trained or math.inf, self.clock()))
+        outcome = self.reporter.ended(run, release, state, why, self.clock() if trained is None else trained)
         self.view.ended(run.run_id, release.iteration, outcome)

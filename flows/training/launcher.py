@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from flows.training.control import GpuSlot
 from flows.training.identity import RankIdentity
 from flows.training.orders import RankOrder, Seat, StandbyOrder, free_port, rank_orders
 from flows.training.regroup import Next, next_file, result_file, spec_file, write_private
@@ -119,12 +120,13 @@ class Segment:
     def _write(self, name: str, text: str) -> None:
         write_private(self.dir / name, text, self.identity.share_file if self.identity else None)
 
-    def regroup(self, spec: SegmentSpec, gpus: list[int]) -> bool:
+    def regroup(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None = None) -> bool:
         """Go on in place on `gpus` (regroup.py): the ranks on GPUs that stay
         keep their state, the others leave, newcomers join and get it from
         them. Returns once the leavers are gone (their GPUs are free then);
         False, touching nothing, when it cannot: not paused, none of its GPUs
-        in `gpus`, or a rank already gone (then `release` it)."""
+        in `gpus`, or a rank already gone (then `release` it). Every rank is
+        on this machine: `placement` (a cluster's) says nothing more."""
         if self.paused is None or not set(gpus) & set(self.gpus) or any(p.poll() is not None for p in self.procs):
             return False
         stay = [r for r, gpu in enumerate(self.gpus) if gpu in gpus]  # the new rank 0 is one that stays

@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ loopback_before_import()
 import ray  # noqa: E402
 
 from flows.training.orders import RankOrder, free_port  # noqa: E402
+from flows.training.regroup import result_file, spec_file, write_private  # noqa: E402
 from flows.training.segment import SegmentSpec  # noqa: E402
 from flows.training.supervision import ProgressLine, read_progress  # noqa: E402
 
@@ -60,6 +62,9 @@ class RankActor:
 
         os.umask(0o077)  # checkpoints, logs, progress: private
         self.dir: Path | None = None
+        self.worker: Any = None  # flows.training.rank.Worker, once the segment started
+        self.lock = threading.Lock()  # `stop` and the training thread, on the stop flag
+        self.stop_seq = 0  # the newest command a stop was asked for
 
     def where(self) -> dict[str, Any]:
         ip = ray.util.get_node_ip_address()
@@ -70,8 +75,10 @@ class RankActor:
         """A port for the rendezvous, free on this node's address."""
         return free_port(ip)
 
-    def run(self, spec_json: str, order: RankOrder) -> str:
-        """Train the segment as the order's rank; rank 0 returns the result."""
+    def run(self, spec_json: str, order: RankOrder, round_: int = 0, joins: bool = False) -> str:
+        """Train the segment as the order's rank, across its resizes in place
+        (regroup.py): rank 0 returns the result, a rank that leaves "" (its
+        process ends with the actor, which the coordinator kills)."""
         import torch
 
         from flows.training import rank as rank_mod
@@ -87,29 +94,68 @@ class RankActor:
         if spec.device == "cuda" and torch.cuda.device_count() != 1:
             raise PlacementError(f"rank {order.rank} sees {torch.cuda.device_count()} CUDA devices, not GPU "
                                  f"{order.device_index} alone")
-        (self.dir / "spec.json").write_text(spec_json)
-        rank = order.rank
-        worker = rank_mod.Worker(spec, self.dir, order)
+        write_private(self.dir / spec_file(round_), spec_json)
+        worker = self.worker = rank_mod.Worker(spec, self.dir, order, round_)
         worker.setup()
-        worker.restore()
-        start = worker.iteration
-        reason = worker.train()
-        worker.report(start, reason)
+        if joins:
+            worker.share_state(joins=True)
+        else:
+            worker.restore()
+        while True:
+            start = worker.iteration
+            reason = worker.train()
+            worker.report(start, reason)
+            if not worker.paused:
+                break
+            what = worker.resume()
+            if what == "save":
+                worker.report(start, worker.save_paused())
+                break
+            if what == "leave":
+                return ""
+            self._stopped_for(worker.spec.applied_seq)
         torch.distributed.barrier()  # every rank is past its last collective; the process ends with the actor
-        return (self.dir / "result.json").read_text() if rank == 0 else ""
+        return (self.dir / result_file(worker.round)).read_text() if worker.rank == 0 else ""
 
-    def progress(self, offset: int) -> tuple[list[ProgressLine], int]:
-        """Rank 0's progress lines from byte `offset` on."""
-        return read_progress(self.dir, offset) if self.dir else ([], offset)
+    def progress(self, offset: int, round_: int = 0) -> tuple[list[ProgressLine], int, str]:
+        """Rank 0's progress lines from byte `offset` on, and its result of
+        `round_` once there is one (else ""): a paused round's says so."""
+        if self.dir is None:
+            return [], offset, ""
+        lines, offset = read_progress(self.dir, offset)
+        path = self.dir / result_file(round_)
+        return lines, offset, path.read_text() if path.exists() else ""
 
-    def stop(self, terminate: bool) -> None:
-        """Stop at the next iteration boundary: the scheduler's stop, or the run's end."""
+    def tell(self, files: dict[str, str]) -> None:
+        """The coordinator's word for this paused rank (regroup.py), written
+        into its folder in the order given: the new round's spec before the
+        `next-<round>.json` the rank waits for."""
+        assert self.dir is not None
+        for name, text in files.items():
+            write_private(self.dir / name, text)
+
+    def stop(self, terminate: bool, seq: int = 0) -> None:
+        """Stop at the next iteration boundary: the scheduler's stop for its
+        command `seq`, or the run's end. One that comes late, for a command
+        the rank's round already applies (it was resized in place for it),
+        is dropped."""
         from flows.training import rank as rank_mod
 
         if terminate:
             rank_mod._terminated = True
-        else:
-            rank_mod._stop_asked = True
+            return
+        with self.lock:
+            self.stop_seq = max(self.stop_seq, seq)
+            if self.worker is None or seq > self.worker.spec.applied_seq:
+                rank_mod._stop_asked = True
+
+    def _stopped_for(self, applied_seq: int) -> None:
+        """A new round applies the commands up to `applied_seq`: a stop asked
+        meanwhile stands only if it is for a later one."""
+        from flows.training import rank as rank_mod
+
+        with self.lock:
+            rank_mod._stop_asked = self.stop_seq > applied_seq
 
     def cleanup(self) -> None:
         """The segment ended well: its folder (spec, progress, log) is not needed."""

@@ -8,10 +8,15 @@ nothing: an actor is pinned to its node (hard node affinity) and its GPU is set
 by us (`CUDA_VISIBLE_DEVICES`, with Ray told not to set it), and the actor
 says where it landed before it is given any work.
 
-One actor runs one segment, as one process did on a single machine: its CUDA
-context and process group go with it, and a resize frees the GPU by ending
-the process. Warm actors (torch imported, no device touched) wait per node in
-`ActorPool`, so a resize does not pay for an interpreter and its imports.
+One actor is one rank of one segment, across its resizes in place
+(regroup.py): at a stop the actors pause with the model in memory; those on
+slots that stay form the next round's group with newcomers from the pool,
+which get the state by broadcast, and those that leave are ended, which
+frees their GPUs. A resize that cannot be made in place (no slot stays, a
+rank is gone) saves and ends every actor, and the next segment starts from
+that checkpoint on others. Warm actors (torch imported, no device touched)
+wait per node in `ActorPool`, so neither pays for an interpreter and its
+imports.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
 from flows.training.orders import RankOrder, Seat, rank_orders  # noqa: E402
+from flows.training.regroup import Next, next_file, spec_file  # noqa: E402
 from flows.training.ray_actor import PlacementError, RankActor, await_exit, node_id_here  # noqa: E402
 from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
 from flows.training.standby import rank_env  # noqa: E402
@@ -59,6 +65,12 @@ class CheckpointStoreNotShared(ValueError):
 
 def _is_local_path(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
+
+
+def _remote_spec(spec: SegmentSpec) -> str:
+    """The spec as the actors get it: they read no control folder (the
+    coordinator forwards the scheduler's stop)."""
+    return spec.model_copy(update={"control_dir": None}).model_dump_json()
 
 
 def live_nodes() -> list[dict[str, Any]]:
@@ -202,10 +214,13 @@ class RaySegment:
         self.where: list[dict[str, Any]] = []
         self.orders: list[RankOrder] = []
         self.launch_t = 0.0
-        self._offset = 0
+        self._offset = 0  # in rank 0's progress file
         self._stop_sent = False
         self.start_error: str | None = None
         self.died = False  # a rank's process died under it (killed, or its node lost)
+        self.round = 0  # resizes in place so far
+        self.paused: SegmentResult | None = None  # its ranks wait in memory for the next round
+        self._released: SegmentResult | None = None  # what they said when they saved and left
 
     @property
     def pids(self) -> list[int]:
@@ -241,24 +256,95 @@ class RaySegment:
         port = ray.get(self.actors[0].free_port.remote(master_ip))
         self.orders = rank_orders(ray_seats(self.placement, self.where), master_ip, port, self.spec.device,
                                   self.launch_t, self.gpus)
-        spec_json = self.spec.model_copy(update={"control_dir": None}).model_dump_json()
+        spec_json = _remote_spec(self.spec)
         self.refs = [actor.run.remote(spec_json, order) for actor, order in zip(self.actors, self.orders)]
         log.info("segment started on Ray run_key=%s gpus=%s nodes=%s master=%s:%d", self.spec.run_key, self.gpus,
                  ",".join(self.nodes), master_ip, port)
 
-    def regroup(self, spec: SegmentSpec, gpus: list[int]) -> bool:
-        """Ray actors resize from a checkpoint: their segments never pause (`RayRanks.in_place`)."""
-        return False
+    def regroup(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None = None) -> bool:
+        """Go on in place on `gpus` at `placement` (regroup.py): the actors on
+        slots that stay keep their state, the others leave and are ended,
+        newcomers from the pool join and get it from them. Returns once the
+        leavers' processes are gone; False, telling the ranks nothing, when
+        it cannot: not paused, no slot stays, a rank gone, or a newcomer that
+        cannot start (then `release` it)."""
+        if self.paused is None:
+            return False
+        slots = list(placement) if placement is not None else slots_for(gpus)
+        place = dict(zip(gpus, slots))
+        stay = [r for r, (gpu, slot) in enumerate(zip(self.gpus, self.placement)) if place.get(gpu) == slot]
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        if not stay or done:
+            return False
+        joining = [gpu for gpu in gpus if gpu not in {self.gpus[r] for r in stay}]
+        joiners = [self.pool.take(place[gpu]) for gpu in joining]
+        try:
+            arrived = ray.get([a.where.remote() for a in joiners], timeout=HANDOVER_S)
+            if any(w["node"] != place[gpu].node for w, gpu in zip(arrived, joining)):
+                raise PlacementError(f"a newcomer is not on its node: {arrived}")
+            master_ip = self.where[stay[0]]["ip"]
+            port = ray.get(self.actors[stay[0]].free_port.remote(master_ip), timeout=HANDOVER_S)
+        except (PlacementError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            log.warning("no resize in place run_key=%s: newcomers could not start (%s: %s)", spec.run_key,
+                        type(exc).__name__, exc)
+            for actor in joiners:
+                ray.kill(actor, no_restart=True)
+            return False
+        new_gpus = [self.gpus[r] for r in stay] + joining
+        new_placement = [self.placement[r] for r in stay] + [place[gpu] for gpu in joining]
+        new_where = [self.where[r] for r in stay] + arrived
+        self.launch_t = time.time()
+        orders = rank_orders(ray_seats(new_placement, new_where), master_ip, port, spec.device, self.launch_t,
+                             new_gpus)
+        ended, self.round = self.round, self.round + 1
+        spec_json = _remote_spec(spec)
+        word = Next(round=self.round, action="regroup", spec_file=spec_file(self.round),
+                    orders={r: orders[stay.index(r)] if r in stay else None for r in range(len(self.gpus))})
+        ray.get([a.tell.remote({spec_file(self.round): spec_json, next_file(ended): word.model_dump_json()})
+                 for a in self.actors], timeout=HANDOVER_S)
+        joined = [a.run.remote(spec_json, order, self.round, True) for a, order in zip(joiners, orders[len(stay):])]
+        leavers = [r for r in range(len(self.gpus)) if r not in stay]
+        left = [self.actors[r] for r in leavers], [self.where[r] for r in leavers], [self.refs[r] for r in leavers]
+        if self.actors[0] is not self.actors[stay[0]]:
+            self._offset = 0  # rank 0's progress is a file of the new rank 0's
+        self.actors = [self.actors[r] for r in stay] + joiners
+        self.refs = [self.refs[r] for r in stay] + joined
+        self.spec, self.gpus, self.placement, self.where, self.orders = spec, new_gpus, new_placement, new_where, orders
+        self.paused, self._stop_sent = None, False
+        ray.wait(left[2], num_returns=len(left[2]), timeout=30.0)  # past the old group's last barrier
+        _end(left[0], left[1])
+        log.info("segment resized in place on Ray run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
+                 spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
+        return True
 
     def release(self) -> SegmentResult | None:
-        return None
+        """A paused segment that does not go on in place: its ranks save where
+        they stand, and every actor is ended; their last result (None if they
+        could not say), the same when asked again."""
+        if self.paused is None:
+            return self._released
+        self.paused = None
+        try:
+            ray.get([a.tell.remote({next_file(self.round): Next(round=self.round, action="save").model_dump_json()})
+                     for a in self.actors], timeout=HANDOVER_S)
+            said = ray.get(self.refs, timeout=120.0)
+        except Exception as exc:  # noqa: BLE001  # a rank gone, or stuck: they saved or did not, the store says
+            log.warning("paused ranks did not save and end run_key=%s: %s: %s", self.spec.run_key,
+                        type(exc).__name__, exc)
+            return None
+        finally:
+            _end(self.actors, self.where)
+        result = SegmentResult.model_validate_json(said[0])
+        result.gpus = self.gpus
+        self._released = result
+        return result
 
     def request_stop(self) -> None:
         self._stop(terminate=True)
 
-    def _stop(self, terminate: bool) -> None:
+    def _stop(self, terminate: bool, seq: int = 0) -> None:
         for actor in self.actors:
-            actor.stop.remote(terminate)
+            actor.stop.remote(terminate, seq)
 
     def kill(self, grace_s: float = 5.0) -> None:
         if self.refs:
@@ -266,14 +352,20 @@ class RaySegment:
             ray.wait(self.refs, num_returns=len(self.refs), timeout=grace_s)
         _end(self.actors, self.where)
 
-    def _progress(self, on_progress: ProgressCallback | None) -> None:
+    def _progress(self, on_progress: ProgressCallback | None) -> SegmentResult | None:
+        """Forward rank 0's new progress lines; its result if the ranks paused."""
         try:
-            lines, self._offset = ray.get(self.actors[0].progress.remote(self._offset), timeout=10)
+            lines, self._offset, said = ray.get(self.actors[0].progress.remote(self._offset, self.round), timeout=10)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return
+            return None
         for line in lines:
             if on_progress:
                 on_progress(line)
+        result = SegmentResult.model_validate_json(said) if said and self.spec.in_place else None
+        if result is None or not result.paused:
+            return None
+        result.gpus = self.gpus
+        return result
 
     def _failures(self, done: list[Any]) -> list[RankFailure]:
         """Ranks that failed, once one has. The others are given a moment to
@@ -316,7 +408,7 @@ class RaySegment:
                 return crashed(self.gpus, self.launch_t, self.start_error)
             while True:
                 done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=poll_s)
-                self._progress(on_progress)
+                paused = self._progress(on_progress)
                 failures = self._failures(done)
                 if failures:
                     self.died = any(f.how is Failure.DIED for f in failures)
@@ -324,27 +416,32 @@ class RaySegment:
                     log.warning("segment crashed on Ray run_key=%s rank=%d node=%s how=%s", self.spec.run_key,
                                 cause.rank, cause.node, cause.how.value)
                     return result
+                if paused is not None:  # the ranks wait for `regroup` or `release`
+                    self.paused = paused
+                    return paused
                 if len(done) == len(self.refs):
                     self._progress(on_progress)
                     break
                 if give_up is not None and time.time() > give_up:
                     return crashed(self.gpus, self.launch_t, f"did not finish in {timeout_s:.0f} s")
-                if self.control and not self._stop_sent and self.control.pending(self.spec.applied_seq):
-                    self._stop(terminate=False)  # rank 0 polled this file when it could see it
+                command = self.control.pending(self.spec.applied_seq) if self.control and not self._stop_sent else None
+                if command is not None:
+                    self._stop(terminate=False, seq=command.seq)  # rank 0 polled this file when it could see it
                     self._stop_sent = True
             result = SegmentResult.model_validate_json(ray.get(self.refs[0]))
             result.gpus = self.gpus
             ray.get([a.cleanup.remote() for a in self.actors], timeout=30)
             return result
         finally:
-            _end(self.actors, self.where)
+            if self.paused is None:
+                _end(self.actors, self.where)
 
 
 class RayRanks:
     """Ranks as Ray actors on the nodes each segment's placement names, warm
     spares per node in the run's `ActorPool` (a `ranks.Ranks`)."""
 
-    in_place = False  # not yet: every resize is a checkpoint restart on new actors (issue 26)
+    in_place = True
 
     def __init__(self, address: str, run_key: str, control: FileControlChannel | None) -> None:
         connect(address)

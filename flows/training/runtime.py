@@ -286,7 +286,7 @@ def run_training(
         nonlocal ahead, live, regrouped
         ahead = next_segment()
         spec, gpus, _ = ahead
-        if segment.regroup(spec, gpus):
+        if segment.regroup(spec, gpus, run.where):
             live, regrouped = None, segment
         else:  # a rank is gone: the others save, and the next launch goes on from the checkpoint
             segment.release()  # recorded by that launch's release, once this segment's result is
@@ -297,7 +297,7 @@ def run_training(
         paused, fresh = live, False
         if regrouped is not None:
             segment, regrouped = regrouped, None
-        elif paused is not None and paused.regroup(spec, gpus):
+        elif paused is not None and paused.regroup(spec, gpus, run.where):
             segment, live = paused, None
         else:  # none of its GPUs stay, or a rank is gone: from its checkpoint
             release()

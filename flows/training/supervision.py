@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, NamedTuple, Protocol
 
+from flows.training.control import GpuSlot
 from flows.training.orders import RankOrder
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings
 
@@ -78,8 +79,9 @@ class RunningSegment(Protocol):
     def request_stop(self) -> None:
         """Every rank stops at the next iteration boundary, with a checkpoint (as on SIGTERM)."""
 
-    def regroup(self, spec: SegmentSpec, gpus: list[int]) -> bool:
-        """After `wait` said `paused`: go on in place on `gpus` (False: it cannot, `release` it)."""
+    def regroup(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None = None) -> bool:
+        """After `wait` said `paused`: go on in place on `gpus` (on a cluster,
+        the slots `placement` names); False: it cannot, `release` it."""
 
     def release(self) -> SegmentResult | None:
         """After `wait` said `paused`: its ranks save where they stand and exit; their result (again if asked again)."""

@@ -20,6 +20,7 @@ from scheduler_service.stack.ray_local import LocalRayCluster  # noqa: E402
 from tests.runtime.conftest import small_mlp  # noqa: E402
 
 NODES, SLOTS = 2, 2
+REL_TOL = 1e-4
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -74,3 +75,24 @@ def make_params(tmp_path: Path, ray_address: str) -> Callable[..., TrainParamete
     """The runtime tests' small MLP on the cluster, 60 iterations, a checkpoint every 5."""
     return lambda **overrides: small_mlp(tmp_path, **{"iterations": 60, "checkpoint_interval": 5,
                                                       "ray_address": ray_address, **overrides})
+
+
+def assert_same_losses(losses: list[float], reference: list[float]) -> None:
+    assert len(losses) == len(reference)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    assert worst <= REL_TOL, f"largest relative loss difference {worst:.2e}"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """300 iterations on one local slot (no Ray), never resized: every run
+    on the cluster must reproduce its loss at every iteration (shorter ones,
+    its start)."""
+    from flows.training.runtime import run_training
+
+    root = tmp_path_factory.mktemp("reference")
+    params = TrainParameters(
+        model="mlp", hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
+        iterations=300, checkpoint_interval=1000, checkpoint_store=str(root / "ck"),
+        control_dir=str(root / "ctl"), device="cpu")
+    return run_training(params, "reference").losses

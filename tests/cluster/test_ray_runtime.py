@@ -21,27 +21,9 @@ from flows.training.control import FileControlChannel
 from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
 from flows.training.runtime import run_training
-from tests.cluster.conftest import alive_nodes
+from tests.cluster.conftest import alive_nodes, assert_same_losses
 
-REL_TOL = 1e-4
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def assert_same_losses(losses: list[float], reference: list[float]) -> None:
-    assert len(losses) == len(reference)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
-    assert worst <= REL_TOL, f"largest relative loss difference {worst:.2e}"
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    """300 iterations on one local slot (no Ray); shorter runs compare with its start."""
-    root = tmp_path_factory.mktemp("reference")
-    params = TrainParameters(
-        model="mlp", hyperparameters={"global_batch_size": 30, "max_micro_batch": 4, "learning_rate": 0.01},
-        iterations=300, checkpoint_interval=1000, checkpoint_store=str(root / "ck"),
-        control_dir=str(root / "ctl"), device="cpu")
-    return run_training(params, "reference").losses
 
 
 def nodes_by_name() -> dict[str, str]:

@@ -1,0 +1,100 @@
+"""Resizes in place (issue 26) on Ray actors, on the 2-node loopback cluster:
+the actors on slots that stay keep their process and state across nodes,
+newcomers on the other node get it by broadcast, leavers' processes are
+gone, and the losses are the never-resized run's at every iteration."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Callable
+
+import pytest
+
+from elasticflow_block import CheckpointStorage
+from flows.training.params import TrainParameters
+from flows.training.runtime import run_training
+from flows.training.supervision import RunningSegment
+from tests.cluster.conftest import assert_same_losses
+from tests.cluster.test_ray_runtime import gone
+
+ITERATIONS = 60
+
+
+def _run(params: TrainParameters, key: str, hook: Callable[[RunningSegment], None] | None = None
+         ) -> tuple[Any, list[RunningSegment], list[list[int]]]:
+    """The result, every segment handed to the hook, and the rank pids each time."""
+    seen: list[RunningSegment] = []
+    pids: list[list[int]] = []
+
+    def record(segment: RunningSegment) -> None:
+        seen.append(segment)
+        pids.append(list(segment.pids))
+        if hook:
+            hook(segment)
+
+    return run_training(params, key, segment_hook=record), seen, pids
+
+
+@pytest.mark.parametrize("plan, kept", [
+    ([[0, 1], [0, 1, 2, 3], [2]], [[0, 1], [2]]),  # grow onto the other node, then shrink to a newcomer there
+    ([[0, 1], [1, 2]], [[1]]),  # move: slot 1 stays on node 0, 0 leaves, 2 joins on node 1
+])
+def test_actors_on_slots_that_stay_keep_their_process_across_nodes(
+        ray_address: str, make_params: Callable[..., TrainParameters], reference: list[float],
+        plan: list[list[int]], kept: list[list[int]]) -> None:
+    switch_at = [20, 40][: len(plan) - 1]
+    params = make_params(gpu_plan=plan, switch_at=switch_at, iterations=ITERATIONS, checkpoint_interval=1000)
+    result, seen, pids = _run(params, "ray-in-place")
+    assert result.status == "completed" and result.restarts == 0
+    assert len(seen) == len(plan) and all(s is seen[0] for s in seen)  # one segment, resized
+    assert [sorted(s.gpus) for s in result.segments] == [sorted(p) for p in plan]
+    assert [r.how for r in result.rescales] == ["in_place"] * (len(plan) - 1)
+    for before, after, gpus, stay in zip(pids, pids[1:], plan, kept):
+        assert {before[gpus.index(g)] for g in stay} <= set(after)  # the same actors, state in memory
+    assert all(gone(p) for p in {p for ps in pids for p in ps})  # leavers at their resize, the rest at the end
+    assert CheckpointStorage(params.checkpoint_store).iterations("ray-in-place") == [ITERATIONS]  # no resize saved
+    assert_same_losses(result.losses, reference[:ITERATIONS])
+
+
+def test_a_newcomer_killed_while_it_joins_sends_the_run_back_to_its_checkpoint(
+        ray_address: str, make_params: Callable[..., TrainParameters], reference: list[float]) -> None:
+    params = make_params(gpu_plan=[[0, 1], [0, 1, 2]], switch_at=[25], iterations=ITERATIONS,
+                         checkpoint_interval=10)
+    killed: list[int] = []
+
+    def kill_newcomer(segment: RunningSegment) -> None:
+        if len(segment.gpus) == 3 and not killed:  # just regrouped: the newcomer is joining
+            killed.append(segment.pids[-1])
+            os.kill(segment.pids[-1], signal.SIGKILL)
+
+    result, _, pids = _run(params, "ray-lost", kill_newcomer)
+    assert killed and result.status == "completed" and result.restarts == 1
+    assert [s.reason for s in result.segments] == ["target", "crashed", "target", "completed"]
+    resumed = result.segments[2]
+    assert resumed.start_iteration == 20 and not resumed.in_place  # the newest checkpoint before the resize
+    assert all(gone(p) for p in {p for ps in pids for p in ps})
+    assert_same_losses(result.losses, reference[:ITERATIONS])
+
+
+def test_a_termination_racing_a_resize_in_place_leaves_no_process(
+        ray_address: str, make_params: Callable[..., TrainParameters]) -> None:
+    """SIGTERM on the flow process (a cancellation) just as the actors
+    regroup: survivors, newcomers and leavers are all gone when it returns."""
+    params = make_params(gpu_plan=[[0, 1], [0, 2, 3]], switch_at=[20], iterations=100000, checkpoint_interval=10)
+    received: list[int] = []
+
+    def terminate(segment: RunningSegment) -> None:
+        if len(segment.gpus) == 3 and not received:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        result, _, pids = _run(params, "ray-raced", terminate)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert received == [signal.SIGTERM]
+    assert result.status == "preempted" and result.iterations < 100000
+    everyone = {p for ps in pids for p in ps}
+    assert len(everyone) == 4 and all(gone(p) for p in everyone)
+    assert CheckpointStorage(params.checkpoint_store).iterations("ray-raced")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +45,7 @@ def rendezvous_store(addr: str, port: int, rank: int, world: int, timeout: timed
     collectives' own sockets follow GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME,
     which the launcher sets to the same interface."""
     if rank != 0:
+        _await_listener(addr, port, timeout.total_seconds())
         return dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,3 +53,19 @@ def rendezvous_store(addr: str, port: int, rank: int, world: int, timeout: timed
     listener.listen(128)
     # detach: the store owns the descriptor from here on (and closes it)
     return dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
+
+
+def _await_listener(addr: str, port: int, timeout_s: float, poll_s: float = 0.005) -> None:
+    """Until rank 0's store listens. torch's client retries a refused
+    connection after a growing back-off, and at a resize in place the ranks
+    that join are there long before rank 0 (a survivor that first leaves its
+    old group) listens: they joined 0.45 s late on every grow, most of it. A
+    probe that connects and closes is nothing to the store; past `timeout_s`
+    the store's own connect says what is wrong."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(poll_s)

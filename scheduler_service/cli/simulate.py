@@ -99,6 +99,10 @@ def simulate(
     launch_s: Optional[float] = typer.Option(
         None, min=0, help="service: a new run's start, launch to first iteration (default: learnt from the "
                           "starts it sees, as the service does)"),
+    in_place_s: Optional[float] = typer.Option(
+        None, "--in-place-s", min=0, help="service: a resize that keeps some GPUs is made in place and costs this "
+                                           "instead of the restart's 27 s (the stop and the 2 s per level stay); "
+                                           "default: every resize costs a restart"),
     noise: float = typer.Option(0.0, min=0, help="service: spread of delays and speeds (lognormal sigma)"),
     seed: int = typer.Option(0, help="service: the noise's seed"),
     teams: Optional[Path] = typer.Option(
@@ -107,7 +111,7 @@ def simulate(
                    "each policy runs in one queue too, and each team's LP bound on its share is shown."),
 ) -> None:
     """Replay a job trace against scheduling policies and compare deadline ratios."""
-    service = ServiceOptions(launch_s=launch_s, actuation=Actuation_(noise=noise, seed=seed),
+    service = ServiceOptions(launch_s=launch_s, in_place_s=in_place_s, actuation=Actuation_(noise=noise, seed=seed),
                              **({} if safety_margin is None else {"safety_margin": safety_margin}))
     experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"),
                             interval, actuations=tuple(a.value for a in actuation), service=service, teams=teams)

@@ -28,7 +28,7 @@ from scheduler_service.loop.run import LoopRun
 from scheduler_service.policy.jobs import floor_pow2
 
 
-def actuate(runs: Iterable[LoopRun], reserved: set[int], restart_s: Callable[[int], float],
+def actuate(runs: Iterable[LoopRun], reserved: set[int], change_s: Callable[[int, bool], float],
             now: float) -> list[Action]:
     """Commands that move running runs toward their targets, launches of
     waiting runs whose GPUs are free, and a word for those still waiting."""
@@ -44,7 +44,7 @@ def actuate(runs: Iterable[LoopRun], reserved: set[int], restart_s: Callable[[in
     for run in [r for r in active if r.phase == RunPhase.RUNNING and r.pending_seq is None and not r.stopping]:
         if run.target == run.commanded or run.save_error:
             continue  # where it should be; or it cannot save, and a move would lose what it did since its last save
-        if run.commanded and not set(run.commanded) & wanted_by_others(run) and not_worth_a_restart(run, restart_s):
+        if run.commanded and not set(run.commanded) & wanted_by_others(run) and not_worth_a_restart(run, change_s):
             continue  # nobody waits for what it holds: spare it a restart that costs more than it gains
         if run.target and not set(run.target) & held_by_others(run):
             actions.append(Rescale(run.run_id, run.move(run.target, now), run.target))
@@ -60,19 +60,20 @@ def actuate(runs: Iterable[LoopRun], reserved: set[int], restart_s: Callable[[in
     return actions
 
 
-def not_worth_a_restart(run: LoopRun, restart_s: Callable[[int], float]) -> bool:
-    """A resize costs a restart. One that would outlast what is left of the
-    run's work where it is does nothing but delay it (and whoever waits for
-    its GPUs waits less than that restart); a grow must also save more
-    than the restart: 5 s from the end, a second GPU that adds 8% saves
-    0.4 s and costs the restart, and the run finishes later than if left
-    alone (a demo run ended 1 s before its deadline that way)."""
+def not_worth_a_restart(run: LoopRun, change_s: Callable[[int, bool], float]) -> bool:
+    """A resize costs a restart, or less in place (`change_s(gpus, in
+    place)`). One that would outlast what is left of the run's work where it
+    is does nothing but delay it (and whoever waits for its GPUs waits less
+    than that restart); a grow must also save more than the restart: 5 s
+    from the end, a second GPU that adds 8% saves 0.4 s and costs the
+    restart, and the run finishes later than if left alone (a demo run ended
+    1 s before its deadline that way)."""
     curve, here, there = run.job.curve, len(run.commanded), len(run.target)
     speed = curve.speed(here) if here in curve.points else 0.0
     if speed <= 0:
         return False
     left_s = max(0.0, run.job.iterations - run.iteration) / speed
-    restart = restart_s(max(1, there))
+    restart = change_s(max(1, there), bool(set(run.target) & set(run.commanded)))
     if there > here and there in curve.points and curve.speed(there) > speed:
         return left_s * (1.0 - speed / curve.speed(there)) <= restart
     return left_s <= restart

@@ -88,7 +88,7 @@ class LoopSettings(BaseModel):
         hand-overs of 43 resizes made an admitted run of dev105 miss)."""
         own = self.overhead
         return RestartOverhead(stop_s=2 * own.stop_s + self.poll_s, restart_s=own.restart_s,
-                               per_level_s=own.per_level_s)
+                               per_level_s=own.per_level_s, in_place_s=own.in_place_s)
 
 
 def policy_maker(settings: LoopSettings, **options: object) -> Callable[[AnyTopology], SchedulingPolicy]:
@@ -103,7 +103,7 @@ class ControlLoop:
         self.settings = settings
         self._policy_for = policy_for or policy_maker(settings)
         self.policy = self._policy_for(topology)
-        self.start_cost = StartCost(settings.charged, settings.launch_s)
+        self.start_cost = StartCost(settings.charged, settings.launch_s, settings.charged.in_place)
         self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
         self.at_risk_s = max(settings.interval_s, settings.at_risk_s)
         self.runs: dict[str, LoopRun] = {}  # decided, until they end
@@ -181,6 +181,9 @@ class ControlLoop:
         if run is None or run.phase != RunPhase.RUNNING:
             return []
         run.report(event.iteration, event.gpus, event.iterations_per_s, event.projected_finish, event.save_error)
+        resized = run.resized_in(now)
+        if resized is not None:
+            self.start_cost.resized(resized, run.in_place)
         if not run.first_iteration_since_launch():
             return []
         assert run.launched_at is not None
@@ -238,7 +241,7 @@ class ControlLoop:
             # An adopted run the plan no longer guarantees still trains on its GPUs: planned again at once,
             # best-effort, before anything moves onto them (it gives them up by its own acknowledgement).
             actions += self._plan(now)
-        actions += actuate(list(self.runs.values()), self._reserved_gpus(), self.policy.clock.overhead, now)
+        actions += actuate(list(self.runs.values()), self._reserved_gpus(), self.start_cost.charge, now)
         actions += self._risk_changes(now)
         return actions
 
@@ -269,7 +272,7 @@ class ControlLoop:
         elapsed = now - self.last_slot * clock.interval
         arrivals, self.arrivals = self.arrivals, []
         gone, self.gone = self.gone, []
-        status = {run.run_id: run.status(clock.overhead(len(run.commanded)), now, elapsed,
+        status = {run.run_id: run.status(self.start_cost.charge(len(run.commanded), run.in_place), now, elapsed,
                                          kind_of(self.topology, run.commanded[0]) if run.commanded else "")
                   for run in [*self.runs.values(), *arrivals] if not run.stopping}
         started = time.perf_counter()

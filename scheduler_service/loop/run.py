@@ -91,6 +91,8 @@ class LoopRun:
         self.save_error: str | None = None  # while its checkpoint saves fail (flows/training/saving.py)
         self.launched_at: float | None = None  # until its first iteration: what a start really costs
         self.launched_from = 0  # the iteration it was launched at
+        self.in_place = False  # its last change kept some of its GPUs: a resize in place, not a restart
+        self.resized_at: float | None = None  # until its first iteration on the new set: what a resize costs
         self.at_risk = False
         self.news = False  # it reported since its outlook was last assessed
         self.rate = Rate()
@@ -154,14 +156,16 @@ class LoopRun:
         not seen through to its first iteration is no measure of what a start
         costs: a run parked before it trained would count its wait."""
         self.seq += 1
+        self.in_place = bool(self.commanded) and bool(set(gpus) & set(self.commanded))
         self.pending_seq, self.commanded, self.since = self.seq, gpus, now
         self.launched_at = None
+        self.resized_at, self.launched_from = (now if gpus else None), self.iteration
         return self.seq
 
     def launch(self, gpus: tuple[int, ...], now: float) -> int:
         self.phase, self.held = RunPhase.RUNNING, gpus
         seq = self.command(gpus, now)
-        self.launched_at, self.launched_from = now, self.iteration
+        self.launched_at, self.resized_at = now, None
         return seq
 
     def move(self, gpus: tuple[int, ...], now: float) -> int:
@@ -196,6 +200,14 @@ class LoopRun:
 
     def started(self) -> None:
         self.launched_at = None
+
+    def resized_in(self, now: float) -> float | None:
+        """Once it trained on the set a resize gave it: how long that took
+        from the command (once; None until then, and for a launch)."""
+        if self.resized_at is None or self.iteration <= self.launched_from or self.reported_gpus != self.commanded:
+            return None
+        took, self.resized_at = now - self.resized_at, None
+        return took
 
     def finish(self) -> None:
         self.phase, self.held, self.target, self.pending_seq = RunPhase.FINISHED, (), (), None

@@ -1,4 +1,4 @@
-"""What starting a run really costs, learnt from the starts seen.
+"""What starting and resizing a run really cost, learnt from what was seen.
 
 The plans charge a restart per start; a new run's start (a flow process,
 imports, ranks) costs more, and the difference is kept in front of its
@@ -6,6 +6,13 @@ deadline (the launch reserve). Unless the operator set it, the reserve grows
 to the longest of the last ten starts. The simulator's backend takes its
 launch delay from the same `launch_s`, so a simulated start costs what the
 service expects of one.
+
+A resize that keeps some of a run's GPUs is made in place (no checkpoint,
+the ranks that stay keep their processes) and costs a fraction of a
+restart. The change under way is charged what it costs (`charge`): a resize
+in place its own cost, raised to the longest of the last ten seen, since a
+charge under what it takes would let its plan run late. Resizes from a
+checkpoint (relaunches) are remembered apart, for people to compare.
 """
 
 from __future__ import annotations
@@ -28,12 +35,27 @@ class SlowStart:
 
 
 class StartCost:
-    def __init__(self, restart_cost: Callable[[int], float], launch_s: float | None) -> None:
+    def __init__(self, restart_cost: Callable[[int], float], launch_s: float | None,
+                 in_place_cost: Callable[[int], float] | None = None) -> None:
         self.restart_cost = restart_cost  # the plans' charge for a start on n GPUs
+        self.in_place_cost = in_place_cost or restart_cost  # and for a resize in place, at least
         self.launch_s = DEFAULT_LAUNCH_S if launch_s is None else launch_s
         self.learn = launch_s is None  # a value the operator set is kept as is
         self.starts: deque[float] = deque(maxlen=SEEN)  # seconds from launch to first iteration
+        self.in_place: deque[float] = deque(maxlen=SEEN)  # from a resize's command to its first iteration
+        self.relaunches: deque[float] = deque(maxlen=SEEN)  # the same, of resizes from a checkpoint
         self._warned_s = 0.0
+
+    def charge(self, gpus: int, in_place: bool) -> float:
+        """What a change of GPU set to `gpus` GPUs costs the run: a restart,
+        or, when it keeps some of its GPUs, a resize in place."""
+        if not in_place:
+            return self.restart_cost(gpus)
+        return max(self.in_place_cost(gpus), max(self.in_place, default=0.0))
+
+    def resized(self, took_s: float, in_place: bool) -> None:
+        """A resize reached its first iteration on the new set `took_s` after it was commanded."""
+        (self.in_place if in_place else self.relaunches).append(took_s)
 
     def reserve(self) -> float:
         """Seconds kept in front of a new run's deadline for its start, beyond

@@ -27,7 +27,7 @@ import heapq
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -71,9 +71,13 @@ class ServiceOptions(BaseModel):
 
     safety_margin: float = Field(default_factory=service_safety_margin, ge=0, lt=0.5)
     launch_s: float | None = Field(None, ge=0, description="a new run's start; None: learnt, as the service does")
+    in_place_s: float | None = Field(None, ge=0, description="a resize in place, in place of the restart's "
+                                     "restart_s; None: every resize costs a restart")
     actuation: Actuation = Actuation()
 
     def loop(self, policy: str, interval_s: float, overhead: RestartOverhead = PAPER_OVERHEAD) -> LoopSettings:
+        if self.in_place_s is not None:
+            overhead = replace(overhead, in_place_s=self.in_place_s)
         return LoopSettings(policy=policy, interval_s=interval_s, overhead=overhead, poll_s=self.actuation.poll_s,
                             launch_s=self.launch_s, safety_margin=self.safety_margin)
 
@@ -182,7 +186,8 @@ class Backend:
             self.later(now + max(0.0, delay - (self.overhead(gpus) - self.overhead.stop_s)), command.run_id,
                        Acknowledged(command.run_id, command.seq, command.gpus))
         else:  # a resize: it claims the new set now, keeps the old one until it acknowledges
-            delay = self.overhead(gpus) * self._jitter()
+            keeps = set(command.gpus) & set(process.gpus)  # in place then, as the runtime does (regroup.py)
+            delay = (self.overhead.in_place(gpus) if keeps else self.overhead(gpus)) * self._jitter()
             process.held = len(set(command.gpus) | set(process.gpus))
             self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, command.gpus))
         process.gpus, process.speed = command.gpus, self.speed_of(process.record.job, gpus) * self._slower()

@@ -62,6 +62,9 @@ class WorkerSettings(BaseSettings):
     restart_s: float = _setting(
         2.0, "a run's restart on a new GPU set (+0.5 s to stop); plans charge it with the hand-over before it "
         "(the GPUs' previous holder stops, 0.5 s, and a poll sees it)", "2", ge=0)
+    in_place_s: float = _setting(
+        1.0, "a resize that keeps some of a run's GPUs, made in place, in place of `restart_s`; the change under "
+        "way is charged it, or the longest of the last ten seen if more", "1", ge=0)
     launch_s: float | None = _setting(
         None, "launch to first iteration of a new run; the part beyond a restart is kept in front of its deadline",
         "15, raised by starts seen", ge=0)
@@ -161,7 +164,8 @@ class WorkerSettings(BaseSettings):
         """What the control loop decides with. A start is charged `restart_s`
         plus half a second to stop, the same at every width (one machine)."""
         return LoopSettings(policy=self.policy, interval_s=self.interval_s,
-                            overhead=RestartOverhead(stop_s=0.5, restart_s=self.restart_s, per_level_s=0.0),
+                            overhead=RestartOverhead(stop_s=0.5, restart_s=self.restart_s, per_level_s=0.0,
+                                                     in_place_s=self.in_place_s),
                             poll_s=self.effective_poll_s, launch_s=self.launch_s,
                             safety_margin=self.safety_margin, at_risk_s=self.at_risk_s, teams=self.team_list())
 

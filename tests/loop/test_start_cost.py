@@ -3,6 +3,8 @@ warning an operator gets when starts take far longer than the plans charge."""
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_service.loop.actions import StartedSlowly
 from scheduler_service.loop.start_cost import StartCost
 from tests.loop.driver import SETTINGS, T0, Driver, job
@@ -61,3 +63,33 @@ def test_every_start_is_said_and_a_restarted_loop_recalls_them_before_it_plans()
     again.handle(StartsRecalled((4.0, 30.0, 3.0)), T0 + 100)
     assert again.loop.start_cost.startup_s() == 30.0  # what the last life learnt
     assert not [a for a in again.log if isinstance(a, StartedSlowly)]  # said then, not again
+
+
+def test_a_resize_in_place_is_charged_its_own_cost_raised_to_the_longest_seen() -> None:
+    cost = StartCost(lambda gpus: 2.5, launch_s=None, in_place_cost=lambda gpus: 1.0)
+    assert (cost.charge(2, in_place=False), cost.charge(2, in_place=True)) == (2.5, 1.0)
+    cost.resized(1.6, in_place=True)
+    cost.resized(9.0, in_place=False)  # a relaunch: remembered apart, charged as a restart still
+    assert (cost.charge(2, in_place=False), cost.charge(2, in_place=True)) == (2.5, 1.6)
+
+
+def test_the_loop_charges_a_resize_that_keeps_gpus_as_in_place_and_learns_what_it_took() -> None:
+    from scheduler_service.policy.overhead import RestartOverhead
+
+    settings = SETTINGS.model_copy(update={"overhead": RestartOverhead(0.25, 0.5, 0.0, in_place_s=0.1)})
+    d = Driver(gpus=4, settings=settings)
+    d.arrive(job("a", T0, 20000, None))
+    d.step(T0)
+    d.ack("a", T0)
+    d.report("a", T0 + 0.5, 5, (0, 1))
+    run = d.loop.runs["a"]
+    run.retarget((1,))  # as a plan giving one of its GPUs to another run would (no plan is due in this slot)
+    d.step(T0 + 0.6)
+    assert d.commands["a"].gpus == (1,) and run.in_place
+    assert d.loop.start_cost.charge(1, run.in_place) == 0.25 * 2 + 0.1  # both stops and the regroup
+    d.ack("a", T0 + 0.7)
+    d.report("a", T0 + 1.2, 6, (1,))  # its first iteration on the new set
+    assert list(d.loop.start_cost.in_place) == [pytest.approx(0.6)]
+    run.retarget((2, 3))  # none of its GPUs: a restart from its checkpoint
+    d.step(T0 + 1.3)
+    assert d.commands["a"].gpus == (2, 3) and not run.in_place

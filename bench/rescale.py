@@ -61,7 +61,7 @@ def plan_for(device: str) -> list[list[int]]:
 
 
 def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
-          in_place: bool = False, device: str = "cpu") -> tuple[TrainResult, float]:
+          in_place: bool = False, device: str = "cpu", ray_address: str | None = None) -> tuple[TrainResult, float]:
     params = TrainParameters(
         model="resnet",
         dataset={"name": "synthetic-images", "options": {"size": 256}},
@@ -74,23 +74,23 @@ def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
         control_dir=str(root / "control"),
         device=device,  # type: ignore[arg-type]
         resize_in_place=in_place,
+        ray_address=ray_address,
     )
     start = time.perf_counter()
     result = run_training(params, key)
     return result, time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    args = parser.parse_args(argv)
-    plan = plan_for(args.device)
-    logging.basicConfig(level=logging.WARNING)
+def measure(device: str = "cpu", ray_address: str | None = None) -> dict:
+    """The figures of one run of the benchmark (on a Ray cluster's actors
+    with `ray_address`: bench/ray.py), as the JSON line prints them."""
+    plan = plan_for(device)
     with tempfile.TemporaryDirectory(prefix="elasticflow-bench-") as tmp:
         root = Path(tmp)
-        resized, resized_wall = train(plan, SWITCH_AT, root, "resized", device=args.device)
-        in_place, in_place_wall = train(plan, SWITCH_AT, root, "in-place", in_place=True, device=args.device)
-        steady, steady_wall = train([plan[0]], [], root, "steady", device=args.device)
+        resized, resized_wall = train(plan, SWITCH_AT, root, "resized", device=device, ray_address=ray_address)
+        in_place, in_place_wall = train(plan, SWITCH_AT, root, "in-place", in_place=True, device=device,
+                                        ray_address=ray_address)
+        steady, steady_wall = train([plan[0]], [], root, "steady", device=device)
     assert resized.status == steady.status == in_place.status == "completed", (resized.status, steady.status)
     assert [r.how for r in in_place.rescales] == ["in_place"] * len(SWITCH_AT), in_place.rescales
     in_place_rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(in_place.losses, steady.losses)]
@@ -138,6 +138,17 @@ def main(argv: list[str] | None = None) -> None:
     summary["goal_save"] = summary["save_s"] < 1.0
     summary["inplace_ratio"] = summary["inplace_rescale_s"] / summary["rescale_s"]
     summary["goal_inplace"] = summary["inplace_ratio"] <= 0.25 and summary["inplace_max_loss_rel_diff"] <= 1e-3
+    summary["budget_s"] = budget
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    summary = measure(args.device)
+    budget = summary["budget_s"]
     for r in summary["rescales"]:
         print(f"rescale {r['from']} -> {r['to']} at iteration {r['at']}: {r['seconds']:.2f} s")
     print(

@@ -25,8 +25,8 @@ class Ranks(Protocol):
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> RunningSegment:
         """The next segment on `gpus` (on a cluster, the slots `placement` names), not started yet."""
 
-    def refill(self, standby: int) -> None:
-        """The current segment trains: warm `standby` ranks for the next one
+    def refill(self, upcoming: list[int]) -> None:
+        """The current segment trains: warm ranks for the next one, on the GPUs `upcoming` it will likely want
         (earlier, their imports would only slow this segment's start)."""
 
     def lost_nodes(self) -> list[str]:
@@ -51,8 +51,8 @@ class LocalRanks:
         prune_segment_dirs(self.segments_dir, keep=KEEP_SEGMENT_DIRS - 1)  # and this one makes the count
         return Segment(spec, gpus, workdir=self.segments_dir, pool=self.pool, identity=self.identity)
 
-    def refill(self, standby: int) -> None:
-        self.pool.refill(standby)
+    def refill(self, upcoming: list[int]) -> None:
+        self.pool.refill(len(upcoming))
 
     def lost_nodes(self) -> list[str]:
         return []  # this machine is where the flow process runs: it is not lost while we ask

@@ -215,6 +215,7 @@ class RaySegment:
         self.orders: list[RankOrder] = []
         self.launch_t = 0.0
         self._offset = 0  # in rank 0's progress file
+        self._iteration = 0  # the last one rank 0 reported
         self._stop_sent = False
         self.start_error: str | None = None
         self.died = False  # a rank's process died under it (killed, or its node lost)
@@ -267,10 +268,14 @@ class RaySegment:
         newcomers from the pool join and get it from them. Returns once the
         leavers' processes are gone; False, telling the ranks nothing, when
         it cannot: not paused, no slot stays, a rank gone, or a newcomer that
-        cannot start (then `release` it)."""
+        cannot start (then `release` it). A rank lost once they were told
+        makes the segment a crash, which its `wait` reports."""
         if self.paused is None:
             return False
-        slots = list(placement) if placement is not None else slots_for(gpus)
+        try:
+            slots = list(placement) if placement is not None else slots_for(gpus)
+        except ValueError:  # GPUs the cluster does not have: the segment that tries them will say so
+            return False
         place = dict(zip(gpus, slots))
         stay = [r for r, (gpu, slot) in enumerate(zip(self.gpus, self.placement)) if place.get(gpu) == slot]
         done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
@@ -300,8 +305,16 @@ class RaySegment:
         spec_json = _remote_spec(spec)
         word = Next(round=self.round, action="regroup", spec_file=spec_file(self.round),
                     orders={r: orders[stay.index(r)] if r in stay else None for r in range(len(self.gpus))})
-        ray.get([a.tell.remote({spec_file(self.round): spec_json, next_file(ended): word.model_dump_json()})
-                 for a in self.actors], timeout=HANDOVER_S)
+        try:
+            ray.get([a.tell.remote({spec_file(self.round): spec_json, next_file(ended): word.model_dump_json()})
+                     for a in self.actors], timeout=HANDOVER_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            # Some ranks may be forming the new group already: a crash, as a
+            # rank lost at any other moment; the run goes on from its checkpoint.
+            _end(self.actors + joiners, self.where + arrived)
+            self.paused, self.died = None, True
+            self.start_error = f"a rank was lost while the ranks regrouped: {type(exc).__name__}: {exc}"
+            return True
         joined = [a.run.remote(spec_json, order, self.round, True) for a, order in zip(joiners, orders[len(stay):])]
         leavers = [r for r in range(len(self.gpus)) if r not in stay]
         left = [self.actors[r] for r in leavers], [self.where[r] for r in leavers], [self.refs[r] for r in leavers]
@@ -352,6 +365,12 @@ class RaySegment:
             ray.wait(self.refs, num_returns=len(self.refs), timeout=grace_s)
         _end(self.actors, self.where)
 
+    def _pause_near(self) -> bool:
+        """The ranks are about to pause (a stop was sent, or the segment's
+        last iteration is near): a resize in place waits for the flow to
+        notice, so it looks four times as often then."""
+        return self.spec.in_place and (self._stop_sent or self._iteration >= self.spec.stop_at - 2)
+
     def _progress(self, on_progress: ProgressCallback | None) -> SegmentResult | None:
         """Forward rank 0's new progress lines; its result if the ranks paused."""
         try:
@@ -359,6 +378,7 @@ class RaySegment:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return None
         for line in lines:
+            self._iteration = line.iteration
             if on_progress:
                 on_progress(line)
         result = SegmentResult.model_validate_json(said) if said and self.spec.in_place else None
@@ -407,7 +427,8 @@ class RaySegment:
                 log.warning("segment could not start on Ray run_key=%s: %s", self.spec.run_key, self.start_error)
                 return crashed(self.gpus, self.launch_t, self.start_error)
             while True:
-                done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=poll_s)
+                done, _ = ray.wait(self.refs, num_returns=len(self.refs),
+                                   timeout=poll_s / 4 if self._pause_near() else poll_s)
                 paused = self._progress(on_progress)
                 failures = self._failures(done)
                 if failures:
@@ -455,11 +476,21 @@ class RayRanks:
         self.last = RaySegment(spec, gpus, slots, self.pool, self.control)
         return self.last
 
-    def refill(self, standby: int) -> None:
-        """One warm actor for each GPU of the current placement, on its node,
-        if the next segment is to have warm ranks at all."""
-        if standby and self.last is not None:
-            self.pool.refill(self.last.placement)
+    def refill(self, upcoming: list[int]) -> None:
+        """One warm actor for each GPU the next segment will likely want, on
+        its node: the current placement when the scheduler steers (where it
+        sends the run next is not known), the next planned set's when the
+        run's own plan says, so that a grow onto another node finds warm
+        actors there (without, it waited 3 s here for one started cold)."""
+        segment = self.last
+        if not upcoming or segment is None:
+            return
+        here = dict(zip(segment.gpus, segment.placement))
+        try:
+            placement = [here[g] for g in upcoming] if set(upcoming) <= set(here) else slots_for(upcoming)
+        except ValueError:  # a plan naming GPUs the cluster no longer has: the segment will say so
+            placement = segment.placement
+        self.pool.refill(placement)
 
     def lost_nodes(self, verdict_s: float = 60.0) -> list[str]:
         """After a crash: the last segment's nodes that are gone. A rank that

@@ -69,16 +69,16 @@ class TrainResult(BaseModel):
     restarts: int
 
 
-def _standby_target(params: TrainParameters, override: list[int] | None, gpus: list[int],
-                    next_switch: int | None) -> int:
-    """How many warm workers the next relaunch will want: the current size when
-    the scheduler steers (a guess), the next planned GPU set when the plan
-    says, none after the last planned segment."""
+def _upcoming(params: TrainParameters, override: list[int] | None, gpus: list[int],
+              next_switch: int | None) -> list[int]:
+    """The GPUs the next segment will likely want warm ranks on: the current
+    set when the scheduler steers (a guess), the next planned set when the
+    plan says, none after the last planned segment."""
     if override is not None:
-        return len(gpus)
+        return list(gpus)
     if next_switch is not None:
-        return len(params.planned_gpus(next_switch)[0])
-    return 0
+        return params.planned_gpus(next_switch)[0]
+    return []
 
 
 def default_device(requested: str) -> Literal["cpu", "cuda"]:
@@ -161,12 +161,12 @@ class _Run:
             self.channel.acknowledge(self.unacked)
             self.unacked = None
 
-    def next_segment(self, total: int) -> tuple[list[int], int, int]:
-        """The next segment's GPUs, the iteration it stops at, and the warm ranks its successor will want."""
+    def next_segment(self, total: int) -> tuple[list[int], int, list[int]]:
+        """The next segment's GPUs, the iteration it stops at, and the GPUs its successor will likely want."""
         planned, next_switch = self.params.planned_gpus(self.iteration)
         gpus = self.override if self.override is not None else planned
         stop_at = total if self.override is not None or next_switch is None else next_switch
-        return gpus, stop_at, _standby_target(self.params, self.override, gpus, next_switch)
+        return gpus, stop_at, _upcoming(self.params, self.override, gpus, next_switch)
 
     def crashed(self, result: SegmentResult, ranks: Ranks, trained: bool) -> None:
         """Go on from the last checkpoint, on a new placement if the crash took a
@@ -263,7 +263,7 @@ def run_training(
 
     trained = False  # the last segment launched did at least one iteration
     live: RunningSegment | None = None  # paused in memory at its stop, for a resize in place
-    ahead: tuple[SegmentSpec, list[int], int] | None = None  # the next segment, decided in the last one's task
+    ahead: tuple[SegmentSpec, list[int], list[int]] | None = None  # the next segment, decided in the last one's task
     regrouped: RunningSegment | None = None  # and already going on in place, for the next launch to wait on
 
     def release() -> None:
@@ -273,11 +273,11 @@ def run_training(
             run.released(paused.release())
 
     def next_segment() -> tuple[SegmentSpec, list[int], int]:
-        gpus, stop_at, standby = run.next_segment(total)
+        gpus, stop_at, upcoming = run.next_segment(total)
         spec = SegmentSpec.of_run(params, run_key=run_key, total_iterations=total, stop_at=stop_at,
                                   checkpoint_url=checkpoint_url, device=device, control_dir=str(control_root),
                                   applied_seq=run.applied_seq, in_place=params.resize_in_place and ranks.in_place)
-        return spec, gpus, standby
+        return spec, gpus, upcoming
 
     def regroup_now(segment: RunningSegment) -> None:
         """The scheduler's command keeps some of the paused ranks' GPUs: they
@@ -292,7 +292,8 @@ def run_training(
             segment.release()  # recorded by that launch's release, once this segment's result is
         run.acknowledge()
 
-    def launch(spec: SegmentSpec, gpus: list[int], standby: int, on_progress: ProgressCallback) -> SegmentResult:
+    def launch(spec: SegmentSpec, gpus: list[int], upcoming: list[int], on_progress: ProgressCallback
+               ) -> SegmentResult:
         nonlocal trained, live, regrouped
         paused, fresh = live, False
         if regrouped is not None:
@@ -309,7 +310,7 @@ def run_training(
         def progress(line: ProgressLine) -> None:
             nonlocal trained
             if not trained:  # once this segment trains: earlier, warm-ups only slow its start
-                ranks.refill(standby)
+                ranks.refill(upcoming)
                 trained = True
             on_progress(line)
 
@@ -347,12 +348,12 @@ def run_training(
                     time.sleep(park_poll_s)
                     continue
                 ahead = next_segment()
-            (spec, gpus, standby), ahead = ahead, None
+            (spec, gpus, upcoming), ahead = ahead, None
             tracker.segment_started(gpus, run.iteration)
             name = f"segment-{len(run.segments)}-it{run.iteration}-gpus{'_'.join(map(str, gpus))}"
 
-            def go(s: SegmentSpec = spec, g: list[int] = gpus, n: int = standby) -> SegmentResult:
-                return launch(s, g, n, tracker.on_line)
+            def go(s: SegmentSpec = spec, g: list[int] = gpus, u: list[int] = upcoming) -> SegmentResult:
+                return launch(s, g, u, tracker.on_line)
 
             result = wrap_segment(go, name) if wrap_segment else go()
             tracker.segment_finished(result)

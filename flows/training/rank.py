@@ -32,7 +32,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Callable, Literal, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -160,6 +160,37 @@ class Worker:
             set_rng_state(state["rng"])
         self.timings.load_s = time.perf_counter() - start
         self.timings.loaded_t = time.time()
+
+    def start(self, joins: bool) -> None:
+        """Set up, then take the run's state: from a survivor when it `joins`
+        a resize in place, else from the newest checkpoint."""
+        self.setup()
+        if not joins:
+            self.restore()
+            return
+        self.share_state(joins=True)
+        t = self.timings
+        log.info("joined round %d at iteration %d: took its order %.3f s after the launch, group formed %.3f s "
+                 "later, model built %.3f s, state received %.3f s", self.round, self.iteration,
+                 t.imported_t - t.launch_t, t.rendezvous_t - t.imported_t, t.ready_t - t.rendezvous_t, t.load_s)
+
+    def rounds(self, regrouped: Callable[[], None] = lambda: None) -> bool:
+        """Train round after round, each paused at its stop until the
+        launcher's word (regroup.py), until the segment ends here; False
+        when this rank left at a resize in place (its group is gone then).
+        `regrouped` runs as each new round begins."""
+        while True:
+            start = self.iteration
+            self.report(start, self.train())
+            if not self.paused:
+                return True
+            what = self.resume()
+            if what == "save":
+                self.report(start, self.save_paused())
+                return True
+            if what == "leave":
+                return False
+            regrouped()
 
     def resume(self) -> Literal["train", "leave", "save"]:
         """Paused at a stop: form the next round as the launcher says (train
@@ -389,27 +420,9 @@ def main(order: StandbyOrder) -> NoReturn:
     folder = Path(order.segment_dir)
     spec = SegmentSpec.model_validate_json((folder / order.spec_file).read_text())
     worker = Worker(spec, folder, order.order, order.round)
-    worker.setup()
-    if order.joins:
-        worker.share_state(joins=True)
-        t = worker.timings
-        log.info("joined round %d at iteration %d: took its order %.3f s after the launch, group formed %.3f s "
-                 "later, model built %.3f s, state received %.3f s", order.round, worker.iteration,
-                 t.imported_t - t.launch_t, t.rendezvous_t - t.imported_t, t.ready_t - t.rendezvous_t, t.load_s)
-    else:
-        worker.restore()
-    while True:
-        start_iteration = worker.iteration
-        reason = worker.train()
-        worker.report(start_iteration, reason)
-        if not worker.paused:
-            break
-        what = worker.resume()
-        if what == "save":
-            worker.report(start_iteration, worker.save_paused())
-            break
-        if what == "leave":
-            _exit(0)  # its group is gone already
+    worker.start(order.joins)
+    if not worker.rounds():
+        _exit(0)  # it left at a resize in place: its group is gone already
     dist.barrier()
     dist.destroy_process_group()
     # Exit from here: returning would free `worker` (its DDP model and reducer),

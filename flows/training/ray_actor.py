@@ -96,24 +96,9 @@ class RankActor:
                                  f"{order.device_index} alone")
         write_private(self.dir / spec_file(round_), spec_json)
         worker = self.worker = rank_mod.Worker(spec, self.dir, order, round_)
-        worker.setup()
-        if joins:
-            worker.share_state(joins=True)
-        else:
-            worker.restore()
-        while True:
-            start = worker.iteration
-            reason = worker.train()
-            worker.report(start, reason)
-            if not worker.paused:
-                break
-            what = worker.resume()
-            if what == "save":
-                worker.report(start, worker.save_paused())
-                break
-            if what == "leave":
-                return ""
-            self._stopped_for(worker.spec.applied_seq)
+        worker.start(joins)
+        if not worker.rounds(lambda: self._stopped_for(worker.spec.applied_seq)):
+            return ""  # it left at a resize in place: the coordinator ends this actor
         torch.distributed.barrier()  # every rank is past its last collective; the process ends with the actor
         return (self.dir / result_file(worker.round)).read_text() if worker.rank == 0 else ""
 

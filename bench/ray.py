@@ -38,9 +38,9 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # This file is named ray.py: its folder first on sys.path would shadow the ray package.
@@ -132,7 +132,7 @@ def first_iterations(tmp: Path, ray: str | None, runs: int) -> list[float]:
 def spares(tmp: Path, address: str, runs: int, caps: list[str]) -> int:
     """(b) on Ray for each cap on warm actors per node; the actors a run holds
     between resizes: its 4 ranks on 2 nodes, plus its warm ones."""
-    from flows.training.ray_ranks import SPARES_ENV
+    from flows.training.ray_pool import SPARES_ENV
 
     rows = {}
     for cap in caps:

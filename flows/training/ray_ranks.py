@@ -15,14 +15,17 @@ which get the state by broadcast, and those that leave are ended, which
 frees their GPUs. A resize that cannot be made in place (no slot stays, a
 rank is gone) saves and ends every actor, and the next segment starts from
 that checkpoint on others. Warm actors (torch imported, no device touched)
-wait per node in `ActorPool`, so neither pays for an interpreter and its
-imports.
+wait per node in `ActorPool` (ray_pool.py), so neither pays for an
+interpreter and its imports.
+
+A little over 400 lines: `RaySegment` is one segment's life on its actors
+(start, progress, pause, regroup, release, crash), one state machine that
+reads best whole.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from typing import Any
@@ -31,7 +34,6 @@ from flows.training.ray_nodes import (
     by_name,
     connect,
     loopback_before_import,
-    rank_actor_name,
     read_nodes,
     slots_of,
 )
@@ -44,9 +46,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
 from flows.training.orders import RankOrder, Seat, rank_orders  # noqa: E402
 from flows.training.regroup import Next, next_file, spec_file  # noqa: E402
-from flows.training.ray_actor import PlacementError, RankActor, await_exit, node_id_here  # noqa: E402
+from flows.training.ray_actor import PlacementError, node_id_here  # noqa: E402
+from flows.training.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
 from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
-from flows.training.standby import rank_env  # noqa: E402
 from flows.training.supervision import (  # noqa: E402
     HANDOVER_S,
     Failure,
@@ -94,102 +96,6 @@ def ray_seats(placement: list[GpuSlot], where: list[dict[str, Any]]) -> list[Sea
     """Each rank on the node its placement names, on the interface its actor reported there."""
     return [Seat(node=slot.node, interface=w["interface"], device_index=slot.index)
             for slot, w in zip(placement, where)]
-
-
-def _actor_env() -> dict[str, str]:
-    """What the ranks see of this process's environment, besides their node's:
-    the allow-list's own names (a remote store's credentials by name through
-    ELASTICFLOW_RANK_ENV), never PATH or HOME, which are the node's."""
-    mine = rank_env(dict(os.environ))
-    keep = {k: v for k, v in mine.items() if k.startswith(("ELASTICFLOW_", "NCCL_", "GLOO_", "TORCH_"))
-            or k in os.environ.get("ELASTICFLOW_RANK_ENV", "").split(",")}
-    keep["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # the placement's GPU, not one Ray picks
-    return keep
-
-
-# Warm rank actors a run keeps per node, at most (unset: one for each GPU its
-# placement has there). Each is a process with torch imported, ~360 MiB: a
-# 4-slot run held 8 actors, 2.9 GiB. One that is missing is started cold when
-# a resize needs it (bench/ray.py measures what that costs).
-SPARES_ENV = "ELASTICFLOW_RAY_SPARES_PER_NODE"
-
-
-def spares_per_node(env: dict[str, str] | None = None) -> int | None:
-    """The operator's cap on warm actors per node and run; None: no cap."""
-    value = (os.environ if env is None else env).get(SPARES_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit():
-        raise ValueError(f"{SPARES_ENV}={value!r}: expected a whole number of warm actors per node (0 for none)")
-    return int(value)
-
-
-class ActorPool:
-    """Warm rank actors per node, owned by this process (they end with it)."""
-
-    def __init__(self, run_key: str, per_node: int | None = None) -> None:
-        self.run_key = run_key
-        self.per_node = per_node  # the cap on warm actors per node (None: one per GPU placed there)
-        self.ready: dict[str, list[Any]] = {}
-        self.count = 0
-        self.env = _actor_env()
-
-    def _new(self, node: str) -> Any:
-        self.count += 1
-        return RankActor.options(
-            name=rank_actor_name(self.run_key, self.count),
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            runtime_env={"env_vars": self.env},
-        ).remote()
-
-    def take(self, slot: GpuSlot) -> Any:
-        standbys = self.ready.get(slot.node) or []
-        return standbys.pop() if standbys else self._new(slot.node)
-
-    def refill(self, placement: list[GpuSlot]) -> None:
-        """Keep one warm actor for each GPU of `placement` on its node, up to the cap per node."""
-        wanted: dict[str, int] = {}
-        for slot in placement:
-            wanted[slot.node] = wanted.get(slot.node, 0) + 1
-        if self.per_node is not None:
-            wanted = {node: min(count, self.per_node) for node, count in wanted.items()}
-        for node, count in wanted.items():
-            standbys = self.ready.setdefault(node, [])
-            while len(standbys) < count:
-                standbys.append(self._new(node))
-
-    def drop(self, nodes: set[str]) -> None:
-        """Forget standbys on nodes that are gone."""
-        for node in nodes:
-            for actor in self.ready.pop(node, []):
-                ray.kill(actor)
-
-    def close(self) -> None:
-        for actors in self.ready.values():
-            for actor in actors:
-                ray.kill(actor)
-        self.ready.clear()
-
-
-def _end(actors: list[Any], where: list[dict[str, Any]], timeout_s: float = 15.0) -> None:
-    """Kill the actors and return once their processes are gone, as seen on
-    their own nodes: the GPUs are free only then, and the scheduler hears of
-    the new set (the acknowledgement) only after this."""
-    for actor in actors:
-        ray.kill(actor, no_restart=True)
-    by_node: dict[str, list[int]] = {}
-    for w in where:
-        by_node.setdefault(w["node"], []).append(w["pid"])
-    checks = [await_exit.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-        pids, timeout_s) for node, pids in by_node.items()]
-    left = []
-    for check in checks:
-        try:
-            left += ray.get(check, timeout=timeout_s + 10)
-        except Exception:  # noqa: BLE001  # a node that is gone took its processes with it
-            continue
-    if left:
-        log.warning("rank processes %s still there %.0f s after they were killed", left, timeout_s)
 
 
 def _answers(node: str, timeout_s: float = 10.0) -> bool:
@@ -311,21 +217,22 @@ class RaySegment:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             # Some ranks may be forming the new group already: a crash, as a
             # rank lost at any other moment; the run goes on from its checkpoint.
-            _end(self.actors + joiners, self.where + arrived)
+            end_actors(self.actors + joiners, self.where + arrived)
             self.paused, self.died = None, True
             self.start_error = f"a rank was lost while the ranks regrouped: {type(exc).__name__}: {exc}"
             return True
         joined = [a.run.remote(spec_json, order, self.round, True) for a, order in zip(joiners, orders[len(stay):])]
         leavers = [r for r in range(len(self.gpus)) if r not in stay]
-        left = [self.actors[r] for r in leavers], [self.where[r] for r in leavers], [self.refs[r] for r in leavers]
+        left_actors, left_where = [self.actors[r] for r in leavers], [self.where[r] for r in leavers]
+        left_refs = [self.refs[r] for r in leavers]
         if self.actors[0] is not self.actors[stay[0]]:
             self._offset = 0  # rank 0's progress is a file of the new rank 0's
         self.actors = [self.actors[r] for r in stay] + joiners
         self.refs = [self.refs[r] for r in stay] + joined
         self.spec, self.gpus, self.placement, self.where, self.orders = spec, new_gpus, new_placement, new_where, orders
         self.paused, self._stop_sent = None, False
-        ray.wait(left[2], num_returns=len(left[2]), timeout=30.0)  # past the old group's last barrier
-        _end(left[0], left[1])
+        ray.wait(left_refs, num_returns=len(left_refs), timeout=30.0)  # past the old group's last barrier
+        end_actors(left_actors, left_where)
         log.info("segment resized in place on Ray run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
                  spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
         return True
@@ -346,7 +253,7 @@ class RaySegment:
                         type(exc).__name__, exc)
             return None
         finally:
-            _end(self.actors, self.where)
+            end_actors(self.actors, self.where)
         result = SegmentResult.model_validate_json(said[0])
         result.gpus = self.gpus
         self._released = result
@@ -363,7 +270,7 @@ class RaySegment:
         if self.refs:
             self.request_stop()
             ray.wait(self.refs, num_returns=len(self.refs), timeout=grace_s)
-        _end(self.actors, self.where)
+        end_actors(self.actors, self.where)
 
     def _pause_near(self) -> bool:
         """The ranks are about to pause (a stop was sent, or the segment's
@@ -455,7 +362,7 @@ class RaySegment:
             return result
         finally:
             if self.paused is None:
-                _end(self.actors, self.where)
+                end_actors(self.actors, self.where)
 
 
 class RayRanks:

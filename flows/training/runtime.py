@@ -272,7 +272,7 @@ def run_training(
             paused, live = live, None
             run.released(paused.release())
 
-    def next_segment() -> tuple[SegmentSpec, list[int], int]:
+    def next_segment() -> tuple[SegmentSpec, list[int], list[int]]:
         gpus, stop_at, upcoming = run.next_segment(total)
         spec = SegmentSpec.of_run(params, run_key=run_key, total_iterations=total, stop_at=stop_at,
                                   checkpoint_url=checkpoint_url, device=device, control_dir=str(control_root),

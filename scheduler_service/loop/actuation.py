@@ -26,6 +26,7 @@ from scheduler_service.contracts import RunPhase
 from scheduler_service.loop.actions import Action, Await, Launch, Park, Rescale
 from scheduler_service.loop.run import LoopRun
 from scheduler_service.policy.jobs import floor_pow2
+from scheduler_service.policy.overhead import keeps_gpus
 
 
 def actuate(runs: Iterable[LoopRun], reserved: set[int], change_s: Callable[[int, bool], float],
@@ -73,7 +74,7 @@ def not_worth_a_restart(run: LoopRun, change_s: Callable[[int, bool], float]) ->
     if speed <= 0:
         return False
     left_s = max(0.0, run.job.iterations - run.iteration) / speed
-    restart = change_s(max(1, there), bool(set(run.target) & set(run.commanded)))
+    restart = change_s(max(1, there), keeps_gpus(run.commanded, run.target))
     if there > here and there in curve.points and curve.speed(there) > speed:
         return left_s * (1.0 - speed / curve.speed(there)) <= restart
     return left_s <= restart

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from scheduler_service.contracts import RunPhase
 from scheduler_service.loop.deadlines import NO_MARGIN, SafetyMargin, plan_deadline_for, user_deadline_for
 from scheduler_service.policy import Job, JobStatus
+from scheduler_service.policy.overhead import keeps_gpus
 
 # A run's own rate, as the loop projects with it: iterations over the last
 # RATE_WINDOW_S of its reports (at least RATE_MIN_SPAN_S of them), not the
@@ -90,7 +91,7 @@ class LoopRun:
         self.own_projection: float | None = None  # the flow's own, until the loop has seen enough
         self.save_error: str | None = None  # while its checkpoint saves fail (flows/training/saving.py)
         self.launched_at: float | None = None  # until its first iteration: what a start really costs
-        self.launched_from = 0  # the iteration it was launched at
+        self.launched_from = 0  # the iteration of its last command (a launch or a resize)
         self.in_place = False  # its last change kept some of its GPUs: a resize in place, not a restart
         self.resized_at: float | None = None  # until its first iteration on the new set: what a resize costs
         self.at_risk = False
@@ -156,7 +157,7 @@ class LoopRun:
         not seen through to its first iteration is no measure of what a start
         costs: a run parked before it trained would count its wait."""
         self.seq += 1
-        self.in_place = bool(self.commanded) and bool(set(gpus) & set(self.commanded))
+        self.in_place = keeps_gpus(self.commanded, gpus)
         self.pending_seq, self.commanded, self.since = self.seq, gpus, now
         self.launched_at = None
         self.resized_at, self.launched_from = (now if gpus else None), self.iteration

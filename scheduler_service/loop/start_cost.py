@@ -11,8 +11,7 @@ A resize that keeps some of a run's GPUs is made in place (no checkpoint,
 the ranks that stay keep their processes) and costs a fraction of a
 restart. The change under way is charged what it costs (`charge`): a resize
 in place its own cost, raised to the longest of the last ten seen, since a
-charge under what it takes would let its plan run late. Resizes from a
-checkpoint (relaunches) are remembered apart, for people to compare.
+charge under what it takes would let its plan run late.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class StartCost:
         self.launch_s = DEFAULT_LAUNCH_S if launch_s is None else launch_s
         self.learn = launch_s is None  # a value the operator set is kept as is
         self.starts: deque[float] = deque(maxlen=SEEN)  # seconds from launch to first iteration
-        self.in_place: deque[float] = deque(maxlen=SEEN)  # from a resize's command to its first iteration
-        self.relaunches: deque[float] = deque(maxlen=SEEN)  # the same, of resizes from a checkpoint
+        self.in_place: deque[float] = deque(maxlen=SEEN)  # a resize in place: command to first iteration
         self._warned_s = 0.0
 
     def charge(self, gpus: int, in_place: bool) -> float:
@@ -53,9 +51,9 @@ class StartCost:
             return self.restart_cost(gpus)
         return max(self.in_place_cost(gpus), max(self.in_place, default=0.0))
 
-    def resized(self, took_s: float, in_place: bool) -> None:
-        """A resize reached its first iteration on the new set `took_s` after it was commanded."""
-        (self.in_place if in_place else self.relaunches).append(took_s)
+    def resized_in_place(self, took_s: float) -> None:
+        """A resize in place reached its first iteration on the new set `took_s` after it was commanded."""
+        self.in_place.append(took_s)
 
     def reserve(self) -> float:
         """Seconds kept in front of a new run's deadline for its start, beyond

@@ -12,6 +12,7 @@ keeps a GPU, and only the change under way is charged at what it costs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -34,6 +35,12 @@ class RestartOverhead:
         if self.in_place_s is None or gpus <= 0:
             return self(gpus)
         return self.stop_s + self.in_place_s + self.per_level_s * (math.log2(gpus) + 1)
+
+
+def keeps_gpus(before: Iterable[int], after: Iterable[int]) -> bool:
+    """Whether a change from `before` to `after` is a resize in place: the
+    runtime makes it so when the new set keeps a GPU of the old (regroup.py)."""
+    return bool(set(before) & set(after))
 
 
 PAPER_OVERHEAD = RestartOverhead()

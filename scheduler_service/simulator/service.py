@@ -36,7 +36,7 @@ from scheduler_service.loop import ControlLoop, LoopSettings
 from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Stop
 from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
 from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
-from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead
+from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead, keeps_gpus
 from scheduler_service.policy.topology import AnyTopology, kind_of
 from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, gpus_by_kind
 
@@ -186,8 +186,8 @@ class Backend:
             self.later(now + max(0.0, delay - (self.overhead(gpus) - self.overhead.stop_s)), command.run_id,
                        Acknowledged(command.run_id, command.seq, command.gpus))
         else:  # a resize: it claims the new set now, keeps the old one until it acknowledges
-            keeps = set(command.gpus) & set(process.gpus)  # in place then, as the runtime does (regroup.py)
-            delay = (self.overhead.in_place(gpus) if keeps else self.overhead(gpus)) * self._jitter()
+            in_place = keeps_gpus(process.gpus, command.gpus)
+            delay = (self.overhead.in_place(gpus) if in_place else self.overhead(gpus)) * self._jitter()
             process.held = len(set(command.gpus) | set(process.gpus))
             self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, command.gpus))
         process.gpus, process.speed = command.gpus, self.speed_of(process.record.job, gpus) * self._slower()

@@ -73,6 +73,7 @@ def _send(kill: Callable[[int, int], None], target: int, sig: int) -> bool:
         return False
     return True
 
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, process group, start time) of a process, or None if it is gone."""
     try:

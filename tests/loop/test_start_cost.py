@@ -68,8 +68,7 @@ def test_every_start_is_said_and_a_restarted_loop_recalls_them_before_it_plans()
 def test_a_resize_in_place_is_charged_its_own_cost_raised_to_the_longest_seen() -> None:
     cost = StartCost(lambda gpus: 2.5, launch_s=None, in_place_cost=lambda gpus: 1.0)
     assert (cost.charge(2, in_place=False), cost.charge(2, in_place=True)) == (2.5, 1.0)
-    cost.resized(1.6, in_place=True)
-    cost.resized(9.0, in_place=False)  # a relaunch: remembered apart, charged as a restart still
+    cost.resized_in_place(1.6)
     assert (cost.charge(2, in_place=False), cost.charge(2, in_place=True)) == (2.5, 1.6)
 
 

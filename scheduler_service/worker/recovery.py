@@ -17,7 +17,7 @@ from typing import Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
-from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, outcome_of
+from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, StateName, outcome_of
 from scheduler_service.loop.events import Adopted
 from scheduler_service.worker.channels import trained_at
 from scheduler_service.worker.intake import policy_job
@@ -123,7 +123,36 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
             store.upsert_job(row.flow_run_id, RunPhase.RUNNING, gpus=",".join(map(str, event.held)))
         adopted.append((run, event))
     await _reconcile_ended(client, store, control_root, alive)
+    await _rejections_untold(client, store)
     return adopted
+
+
+async def _rejections_untold(client: Any, store: ServiceStore) -> None:
+    """Runs the store rejected whose Rejected state never reached Prefect
+    (the worker died first): still Scheduled there, the next poll would take
+    them in and decide them a second time. They get the state the stored
+    decision said. The most recent RECONCILED only, read in one call."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelled
+
+    rows = sorted(store.jobs(phases=(RunPhase.REJECTED,)), key=lambda r: aware(r.updated_at),
+                  reverse=True)[:RECONCILED]
+    if not rows:
+        return
+    messages = {row.flow_run_id: row.message for row in rows}
+    flow_runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        id=FlowRunFilterId(any_=[UUID(r) for r in messages])), limit=len(messages))
+    for flow_run in flow_runs:
+        if found_in(flow_run).final:
+            continue
+        try:
+            await client.set_flow_run_state(flow_run.id, Cancelled(
+                name=StateName.REJECTED.value, message=messages[str(flow_run.id)]), force=True)
+        except Exception:
+            log.exception("could not mark flow run %s Rejected", flow_run.id)
+            continue
+        log.warning("flow run %s: rejected before a stop, still %s in Prefect: marked Rejected", flow_run.id,
+                    flow_run.state.name)
 
 
 async def _reconcile_ended(client: Any, store: ServiceStore, control_root: str,

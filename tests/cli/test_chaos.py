@@ -1,6 +1,6 @@
 """A minute of `bench/chaos.py` (issue 24), faults twice as often as by
-default (the ten-minute default is the bench's): seeded submissions of every
-kind and faults of every kind against `elasticflow up`, then the audit: no
+default and at least three of them (a loaded CI minute once landed two;
+the ten-minute default is the bench's): seeded submissions of every kind and faults of every kind against `elasticflow up`, then the audit: no
 violation (every run decided once, no GPU held twice or by an ended run,
 store and Prefect agreeing, nothing lost, no process left)."""
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_a_minute_of_chaos_leaves_no_violation() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", "1", "--seed", "1",
-                           "--runs", "10", "--fault-every", "12"],
+                           "--runs", "10", "--faults", "3", "--fault-every", "12"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])

@@ -12,6 +12,7 @@ import pytest
 from flows.training.control import ControlAck, FileControlChannel
 from scheduler_service.worker.recovery import Found, adopted_run
 from scheduler_service.worker.store import RunRecord
+from tests.stack import ROOT
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc).timestamp()
 
@@ -53,6 +54,10 @@ class _Client:
 
         key = str(run_id)
         return SimpleNamespace(id=key, state=self.states[key], parameters={}, infrastructure_pid="1:2")
+
+    async def read_flow_runs(self, flow_run_filter: object, limit: int) -> list[object]:
+        wanted = {str(i) for i in flow_run_filter.id.any_}  # type: ignore[attr-defined]
+        return [await self.read_flow_run(key) for key in self.states if key in wanted][:limit]
 
     async def set_flow_run_state(self, run_id: object, state: object, force: bool = False) -> None:
         self.states[str(run_id)] = state
@@ -172,6 +177,67 @@ def test_a_run_launched_but_never_started_keeps_its_one_decision(tmp_path: Path)
     assert (stored.status, stored.gpus) == ("admitted", "")
     assert [a.action for a in store.allocations(row.flow_run_id)] == ["release"]  # type: ignore[attr-defined]
     assert client.set == {}
+
+
+def test_a_rejection_the_worker_died_before_telling_prefect_is_told_not_decided_again(tmp_path: Path) -> None:
+    """Chaos found it: the store had a run rejected, its Rejected state was
+    still in the background lane when the worker was killed, and the next
+    life took the still-Scheduled run in and decided it a second time. It is
+    marked Rejected with the stored reason instead; one Prefect already
+    shows Rejected is left alone."""
+    import asyncio
+    import uuid
+
+    from prefect.states import Cancelled, Scheduled
+
+    from scheduler_service.worker.recovery import recover
+
+    untold, told = str(uuid.uuid4()), str(uuid.uuid4())
+    rows = []
+    for run_id in (untold, told):
+        row = _row()
+        row.flow_run_id, row.status, row.gpus, row.share = run_id, "rejected", "", None
+        row.message = "rejected (deadline_infeasible): the earliest deadline it would meet is 14:05"
+        row.deadline = datetime(2026, 12, 1, 13, 0, tzinfo=timezone.utc)
+        row.submitted_at = datetime(2026, 12, 1, 11, 59, tzinfo=timezone.utc)
+        rows.append(row)
+    store = _store_with(rows)
+    client = _Client({untold: Scheduled(), told: Cancelled(name="Rejected")})
+    adopted = asyncio.run(recover(client, store, str(tmp_path), 2, NOW, alive=lambda pid, run_id: False))
+    assert adopted == [] and client.set == {untold: "Rejected"}
+    assert client.states[untold].message == rows[0].message  # type: ignore[attr-defined]
+    assert client.states[untold].is_final()  # type: ignore[attr-defined]
+
+
+def test_a_decision_and_its_phase_are_one_write(tmp_path: Path) -> None:
+    """A worker killed between the decision row and the run's new phase left
+    an admitted run that read undecided, and its next life decided it again.
+    A process SIGKILLed as it commits leaves neither; one that commits leaves both."""
+    import subprocess
+    import sys
+
+    from scheduler_service.contracts import RunPhase
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import ServiceStore
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"  # the service's own kind of store
+    store = ServiceStore(get_engine(url))
+    store.upsert_job("r1", RunPhase.ARRIVED)
+    decide = (
+        "import os, signal, sys\n"
+        "from sqlalchemy import event\n"
+        "from scheduler_service.contracts import RunPhase\n"
+        "from scheduler_service.store.db import get_engine\n"
+        "from scheduler_service.worker.store import DecisionRecord, ServiceStore\n"
+        "store = ServiceStore(get_engine(sys.argv[1]))\n"
+        "if sys.argv[2] == 'kill':\n"
+        "    event.listen(store.engine, 'commit', lambda c: os.kill(os.getpid(), signal.SIGKILL))\n"
+        "store.decided(DecisionRecord(flow_run_id='r1', admitted=True), 'r1', RunPhase.ADMITTED, share=2)\n")
+    killed = subprocess.run([sys.executable, "-c", decide, url, "kill"], cwd=ROOT, timeout=60)
+    assert killed.returncode == -9
+    assert store.decisions("r1") == [] and store.jobs()[0].status == "arrived"
+    subprocess.run([sys.executable, "-c", decide, url, "commit"], cwd=ROOT, timeout=60, check=True)
+    assert len(store.decisions("r1")) == 1 and store.jobs()[0].status == "admitted"
 
 
 @pytest.mark.parametrize(("iteration", "event", "judged_at"), [

@@ -210,7 +210,8 @@ class Chaos:
             if actors:
                 os.kill(self.rng.choice(actors), signal.SIGKILL)
             return bool(actors)
-        for run_id in self.rng.sample(self._training(), k=len(self._training())):
+        training = self._training()  # read once: the store changes between two reads
+        for run_id in self.rng.sample(training, k=len(training)):
             group = self._group(f"flow run {run_id}")
             ranks = [p for p in (group.members() if group else []) if p != group.pgid]
             if ranks:

@@ -9,7 +9,8 @@ run to complete (2 s before its last iteration, 0.3 s after, 2 s after) and
 lands wherever it lands for the five others. Every offset is measured (a
 run's work left at the signal at its last second's rate, or how long since
 its last iteration) and printed with any failure; the aimed ones must land
-within 1.5 s of their aim.
+on their side of the completion and within 2 s of their aim (a run's rate
+on two loaded cores swings: a CI run aimed 2 s before and landed 0.3 s before).
 """
 
 from __future__ import annotations
@@ -205,4 +206,5 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=120)
-    assert all(abs(planned - measured) <= 1.5 for planned, measured in aimed), f"aimed {aimed}, all {offsets}"
+    assert all((planned < 0) == (measured < 0) and abs(planned - measured) <= 2.0 for planned, measured in aimed), \
+        f"aimed {aimed}, all {offsets}"

@@ -168,8 +168,8 @@ class Reporter:
             flow_run_id=run_id, admitted=False, reason=rejection.reason.value, message=rejection.message,
             earliest_feasible_deadline=rejection.earliest_feasible_deadline,
             decision_ms=None if decision_s is None else decision_s * 1000)
-        self.store.decided(decision, run_id, RunPhase.REJECTED, flow_run_name=getattr(flow_run, "name", ""),
-                           message=text, **known)
+        self.store.decided(decision, RunPhase.REJECTED, flow_run_name=getattr(flow_run, "name", ""), message=text,
+                           **known)
         if decision_s is not None:
             self.decision_seconds.append(decision_s)
         await self.in_background(self.publisher.rejected, run_id, rejection, lane=run_id)
@@ -189,7 +189,7 @@ class Reporter:
             return
         decision = DecisionRecord(flow_run_id=run.run_id, admitted=True, message=action.message, share=share,
                                   decision_ms=action.decision_s * 1000)
-        self.store.decided(decision, run.run_id, RunPhase.ADMITTED, share=share, message=action.message)
+        self.store.decided(decision, RunPhase.ADMITTED, share=share, message=action.message)
         self.decision_seconds.append(action.decision_s)
         self.publisher.event(run.run_id, EventName.DECISION, {
             "admitted": True, "guaranteed": action.guaranteed, "mss": share, "message": action.message,

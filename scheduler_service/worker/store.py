@@ -106,13 +106,16 @@ class ServiceStore:
 
     def upsert_job(self, flow_run_id: str, phase: RunPhase | None = None, **fields: object) -> None:
         """Create or update the run's row: its phase, and any other columns given."""
-        self.decided(None, flow_run_id, phase, **fields)
+        self._write(flow_run_id, phase, fields)
 
-    def decided(self, decision: DecisionRecord | None, flow_run_id: str, phase: RunPhase | None = None,
-                **fields: object) -> None:
+    def decided(self, decision: DecisionRecord, phase: RunPhase, **fields: object) -> None:
         """The decision row and the run's new phase in one transaction: a
         worker killed between two commits would leave a decided run that
         reads undecided, and its next life would decide it a second time."""
+        self._write(decision.flow_run_id, phase, fields, decision)
+
+    def _write(self, flow_run_id: str, phase: RunPhase | None, fields: dict[str, object],
+               also: SQLModel | None = None) -> None:
         with Session(self.engine) as session:
             row = session.get(RunRecord, flow_run_id) or RunRecord(flow_run_id=flow_run_id)
             if phase is not None:
@@ -121,8 +124,8 @@ class ServiceStore:
                 setattr(row, key, value)
             row.updated_at = _now()
             session.add(row)
-            if decision is not None:
-                session.add(decision)
+            if also is not None:
+                session.add(also)
             session.commit()
 
     def add(self, record: SQLModel) -> None:

@@ -232,7 +232,7 @@ def test_a_decision_and_its_phase_are_one_write(tmp_path: Path) -> None:
         "store = ServiceStore(get_engine(sys.argv[1]))\n"
         "if sys.argv[2] == 'kill':\n"
         "    event.listen(store.engine, 'commit', lambda c: os.kill(os.getpid(), signal.SIGKILL))\n"
-        "store.decided(DecisionRecord(flow_run_id='r1', admitted=True), 'r1', RunPhase.ADMITTED, share=2)\n")
+        "store.decided(DecisionRecord(flow_run_id='r1', admitted=True), RunPhase.ADMITTED, share=2)\n")
     killed = subprocess.run([sys.executable, "-c", decide, url, "kill"], cwd=ROOT, timeout=60)
     assert killed.returncode == -9
     assert store.decisions("r1") == [] and store.jobs()[0].status == "arrived"

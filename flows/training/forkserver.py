@@ -54,6 +54,7 @@ from flows.training.launch import standby_of
 from flows.training.standby import is_secret
 
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
+RELAYED = {signal.SIGTERM, signal.SIGINT}  # the server handles them, and a client relays them to its flow process
 
 
 def settings_of(env: dict[str, str]) -> dict[str, str]:
@@ -112,7 +113,7 @@ class ForkServer:
         os.replace(tmp, self.path)  # clients connect only once it is ready
         sel.register(listener, selectors.EVENT_READ)
         stop: list[int] = []  # not a threading.Event: a second signal inside its handler would deadlock on its lock
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in RELAYED:
             signal.signal(sig, lambda signum, _: stop.append(signum))
         print(f"elasticflow fork server ready pid={os.getpid()} socket={self.path}", flush=True)
         while self.accepting or self.children:
@@ -176,15 +177,23 @@ class ForkServer:
                 os.close(fd)
             conn.close()
             return None
+        # Signals wait across the fork: the child inherits the server's
+        # handlers, and a SIGTERM relayed to it before it reset them was lost
+        # to the server's stop list (the run then ignored its cancellation).
+        signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
         try:
             pid = os.fork()
         except OSError as exc:  # no memory or process slots for a copy of this process: the client starts cold
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
             self._answer(conn, {"refused": f"fork failed: {exc}"})
             for fd in fds:
                 os.close(fd)
             conn.close()
             return None
-        if pid == 0:  # the flow process: drop the server's sockets, take the client's stdio
+        if pid == 0:  # the flow process: its own signal handlers first, then drop the server's sockets
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)  # one sent meanwhile lands now, on these
             sel.close()
             listener.close()
             conn.close()
@@ -196,9 +205,8 @@ class ForkServer:
             for target, fd in zip((0, 1, 2), fds):
                 os.dup2(fd, target)
                 os.close(fd)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
             return Job(env, cwd, argv, client_pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
         for fd in fds:
             os.close(fd)
         conn.settimeout(None)

@@ -167,3 +167,25 @@ def test_without_a_server_the_flow_process_starts_cold(tmp_path: Path) -> None:
                          text=True, timeout=CEILING_S)
     assert "warm start unavailable" in out.stderr and "Invalid flow run id" in out.stderr + out.stdout
     assert out.returncode == 1
+
+
+def test_a_signal_that_reaches_the_flow_process_as_it_is_forked_is_not_lost(server) -> None:
+    """The fork inherits the server's handlers: a SIGTERM that came before the
+    child had reset them went to the server's stop list, and the run ignored
+    its cancellation for ever (a suite run hung 300 s on it). Signals are
+    held across the fork now: one sent the moment the child exists kills it."""
+    proc, env = server
+    for attempt in range(8):
+        boot = _boot(env, PREFECT__FLOW_RUN_ID=RUN_ID)
+        try:
+            end = time.time() + CEILING_S
+            while not (children := _children(proc.pid)):
+                assert time.time() < end and boot.poll() is None, "no flow process was forked"
+                time.sleep(0.0005)
+            os.kill(children[0], signal.SIGTERM)  # at once: before it could set up anything
+            boot.communicate(timeout=60)
+            assert boot.returncode == -signal.SIGTERM, f"attempt {attempt}: {boot.returncode}"
+        finally:
+            if boot.poll() is None:
+                boot.kill()  # the server then kills its flow process
+                boot.wait()

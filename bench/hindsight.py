@@ -16,8 +16,9 @@ charged, then free as the authors count), the same given hindsight's jobs
 one it can plan), the share of jobs hindsight chose and the LP bound. Bare
 policies, the simulator's engine.
 
-Run: .venv/bin/python bench/hindsight.py                    (the heavy reference traces, about 2 minutes)
-     .venv/bin/python bench/hindsight.py --trace cluster07 --time-limit 300
+Run: .venv/bin/python bench/hindsight.py                    (the heavy reference traces, about 20 s on 2 cores)
+     .venv/bin/python bench/hindsight.py --trace dev101 --trace dev104   (any trace of bench/ablation.py; the ITP
+         clusters at 16 x 8 hold thousands of jobs, beyond the integral bound in minutes on 2 cores)
 """
 
 from __future__ import annotations

@@ -296,13 +296,20 @@ class ElasticFlowWorker(ProcessWorker):
 
     async def ended(self, run_id: str) -> Applied:
         """The run's process exited (or it never started): its GPUs are free and
-        it is forgotten, after its channel's last word (the iteration it reached)."""
+        it is forgotten, after its channel's last word (the iteration it
+        reached). The GPUs are handed on at once, not at the next poll: the
+        poll's own reads of Prefect (its filters are POSTs, refused with a 503
+        and retried with a growing backoff on a loaded server) held it up to
+        15 s a poll in a slow-server burst, and once so long that two
+        admitted runs waited beside the free GPUs until their deadlines had
+        passed (tests/service/test_handover.py)."""
         now = self.clock()
         self.profiler.forget(run_id)
         run = self.registry.get(run_id)
         events = [*(observe(run_id, run.channel) if run is not None else []), Ended(run_id)]
-        applied = await self.executor.apply([a for e in events for a in self.loop.handle(e, now)], now)
+        applied = await self.decide(now, events)
         self.registry.forget(run_id)
+        await submit(self, applied.launches)
         return applied
 
     def bookkeeping(self) -> dict[str, int]:

@@ -36,6 +36,7 @@ from ablation import TRACES  # noqa: E402
 from scheduler_service.policy.jobs import Job  # noqa: E402
 from scheduler_service.policy.overhead import NO_OVERHEAD, PAPER_OVERHEAD, RestartOverhead  # noqa: E402
 from scheduler_service.policy.registry import DEFAULT_POLICY, make_policy  # noqa: E402
+from scheduler_service.policy.topology import AnyTopology  # noqa: E402
 from scheduler_service.simulator.bound import deadline_ratio_bound  # noqa: E402
 from scheduler_service.simulator.engine import simulate  # noqa: E402
 from scheduler_service.simulator.experiment import data_dir  # noqa: E402
@@ -52,34 +53,34 @@ COLUMNS = (
 )
 
 
-def _case(name: str) -> tuple[list[Job], Path, float]:
+def _case(name: str) -> tuple[list[Job], str, AnyTopology, float]:
+    """The trace's jobs, its cluster's name and topology, and its slot."""
     _, trace, cluster, gpu, interval = next(t for t in TRACES if t[0] == name)
     data = data_dir()
     jobs = load_trace(data / f"{trace}.csv", load_throughputs(data / "throughputs" / gpu))
-    return jobs, data / "clusters" / f"{cluster}.csv", interval
+    return jobs, cluster, load_cluster(data / "clusters" / f"{cluster}.csv"), interval
 
 
-def ratio(jobs: list[Job], kept: list[Job], cluster: Path, interval: float, policy: str,
+def ratio(jobs: list[Job], kept: list[Job], topology: AnyTopology, interval: float, policy: str,
           overhead: RestartOverhead) -> float:
     """The policy's deadline ratio on `kept`, over every deadline job of `jobs`."""
-    run = simulate(kept, make_policy(policy, load_cluster(cluster), interval, overhead=overhead))
+    run = simulate(kept, make_policy(policy, topology, interval, overhead=overhead))
     met = sum(1 for r in run.records if r.met_deadline)
     return met / sum(1 for j in jobs if j.deadline is not None)
 
 
 def row(task: tuple[str, float]) -> str:
     name, time_limit = task
-    jobs, cluster, interval = _case(name)
-    topology = load_cluster(cluster)
+    jobs, cluster, topology, interval = _case(name)
     lp = deadline_ratio_bound(jobs, topology)
     milp = deadline_ratio_bound(jobs, topology, integral=True, time_limit_s=time_limit)
     chosen = set(milp.chosen)
     kept = [j for j in jobs if j.deadline is None or j.job_id in chosen]
-    cells = [ratio(jobs, kept if hindsight else jobs, cluster, interval, policy, overhead)
+    cells = [ratio(jobs, kept if hindsight else jobs, topology, interval, policy, overhead)
              for _, policy, overhead, hindsight in COLUMNS]
     picked = len(chosen) / milp.deadline_jobs
     note = "" if milp.exact else f" (search stopped at {time_limit:g} s; proven {milp.bound:.3f})"
-    return (f"| {name}, {cluster.stem} | " + " | ".join(f"{c:.3f}" for c in cells)
+    return (f"| {name}, {cluster} | " + " | ".join(f"{c:.3f}" for c in cells)
             + f" | {picked:.3f}{note} | {lp.bound:.3f} |")
 
 

@@ -21,6 +21,7 @@ from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import Ended
 from scheduler_service.policy.topology import kinds_of
 from scheduler_service.worker import intake
+from scheduler_service.worker.configuration import ALLOWED, forbidden
 from scheduler_service.worker.profiling import Profiler
 from scheduler_service.worker.registry import RunRegistry
 from scheduler_service.worker.reporting import Reporter
@@ -47,6 +48,7 @@ class TakeIn:
     async def take(self, responses: list[Any], now: float) -> tuple[int, list[Any]]:
         """How many new training runs it took in, and the other runs to launch at once."""
         at_once, took_in = [], 0
+        deployments: dict[Any, Any] = {}  # deployment id -> its job variables, read once a poll
         for entry in responses:
             run_id = str(entry.flow_run.id)
             known = self.registry.get(run_id)
@@ -55,6 +57,10 @@ class TakeIn:
                 continue
             start = entry.flow_run.next_scheduled_start_time or entry.flow_run.expected_start_time
             if self.registry.seen(run_id) or (start is not None and start.timestamp() > now):
+                continue
+            refused = await self._job_variables(entry.flow_run, deployments)
+            if refused is not None:
+                await self.reject(entry.flow_run, refused, now)
                 continue
             if await self._flow_name(entry.flow_run) != TRAIN_FLOW:
                 log.info("launching flow run %s (%s): not a training run, it needs no GPUs", run_id,
@@ -67,6 +73,29 @@ class TakeIn:
             await self._one(entry, now)
             took_in += 1
         return took_in, at_once
+
+    async def _job_variables(self, flow_run: Any, deployments: dict[Any, Any]) -> str | None:
+        """Why the run's or its deployment's job variables refuse it, if they
+        do: one a user may not set (its command, environment, working folder:
+        configuration.py) is refused before anything of the run starts. Any
+        run of the pool, training or not."""
+        own = getattr(flow_run, "job_variables", None) or {}
+        deployment_id = getattr(flow_run, "deployment_id", None)
+        if deployment_id is not None and deployment_id not in deployments:
+            try:
+                deployments[deployment_id] = (await self.client.read_deployment(deployment_id)).job_variables
+            except Exception:  # the launch drops them anyway (configuration.py)
+                log.warning("could not read the deployment of flow run %s to check its job variables",
+                            flow_run.id, exc_info=True)
+                deployments[deployment_id] = {}
+        given = [("its deployment's", deployments.get(deployment_id) or {}), ("the run's", own)]
+        for whose, variables in given:
+            names = forbidden(variables)
+            if names:
+                return (f"job_variables: {', '.join(map(repr, names))} in {whose} job variables may not be set "
+                        f"(a user may set only {', '.join(sorted(ALLOWED))}); what every run needs there, the "
+                        "operator sets in the pool's base job template")
+        return None
 
     def _hold_back(self) -> bool:
         """Leave new runs in the queue, Scheduled, while Prefect's server is

@@ -266,15 +266,16 @@ class ElasticFlowWorker(ProcessWorker):
             self.backend.prepare(configuration.env, Placement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))),
                                  LaunchSpec(deadline=epoch_to_datetime(placed.deadline), admitted=True))
             configuration.env["ELASTICFLOW_HOME"] = str(self.settings.home)
-        if not configuration._command_configured:
-            from prefect.utilities.processutils import command_to_string, get_sys_executable
+        from prefect.utilities.processutils import command_to_string, get_sys_executable
 
-            # Prefect's default launcher is a workspace supervisor that then execs a
-            # second interpreter for the engine (Prefect imported twice). Ours runs the
-            # engine in one, in its own session, and starts the run's DDP ranks first
-            # so that they import torch while the engine starts (flows/training/boot.py).
-            configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
-            configuration._command_configured = True
+        # Prefect's default launcher is a workspace supervisor that then execs a
+        # second interpreter for the engine (Prefect imported twice). Ours runs the
+        # engine in one, in its own session, and starts the run's DDP ranks first
+        # so that they import torch while the engine starts (flows/training/boot.py).
+        # It is always ours: a command from job variables would run as the stack's
+        # user (configuration.py).
+        configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
+        configuration._command_configured = True
         try:
             result = await super().run(flow_run, configuration, Identified(task_status, self.backend))
         finally:

@@ -82,3 +82,62 @@ def test_new_runs_wait_in_the_queue_while_prefects_server_is_far_behind(
     first, again, rest = asyncio.run(scenario())
     assert (first, again) == (16, 0)
     assert rest == 24 and len(worker.reporter.store.decisions()) == 40
+
+
+@pytest.mark.parametrize("variables, named", [
+    ({"command": "sh -c 'id > pwned.txt'"}, "'command'"),
+    ({"env": {"PYTHONPATH": "evil"}}, "'env'"),
+    ({"env.PYTHONPATH": "evil"}, "'env'"),
+    ({"working_dir": "/tmp", "stream_output": True}, "'working_dir'"),
+])
+def test_a_run_whose_job_variables_reach_past_its_model_is_refused_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variables: dict, named: str) -> None:
+    """Issue 43: `--job-variable command=...` or `env={"PYTHONPATH": ...}` ran
+    code of the user's choosing as the stack's user; now the run is rejected
+    before anything of it starts, naming the variable."""
+    worker = offline_worker(tmp_path, monkeypatch)
+    entry = Entry(FlowRun({"model": "mlp", "iterations": 5}, job_variables=variables))
+    took_in, launch = asyncio.run(worker.take_in.take([entry], NOW))
+    run_id = str(entry.flow_run.id)
+    (decision,) = worker.reporter.store.decisions(run_id)
+    assert not decision.admitted and decision.reason == "invalid_parameters"
+    assert decision.message.startswith("job_variables: ") and named in decision.message
+    assert worker.registry.get(run_id) is None and not launch and worker.loop.view(run_id, NOW) is None
+
+
+def test_a_deployment_whose_job_variables_set_the_environment_has_its_runs_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.service.offline import OfflineClient
+
+    worker = offline_worker(tmp_path, monkeypatch)
+    worker.take_in.client = OfflineClient(deployments={"d1": {"env": {"PYTHONPATH": "evil"}}, "d2": {}})
+    bad = Entry(FlowRun({"model": "mlp", "iterations": 5}, deployment_id="d1"))
+    good = Entry(FlowRun({"model": "mlp", "iterations": 5}, job_variables={"stream_output": True},
+                         deployment_id="d2"))
+    asyncio.run(worker.take_in.take([bad, good], NOW))
+    (decision,) = worker.reporter.store.decisions(str(bad.flow_run.id))
+    assert "'env' in its deployment's job variables" in decision.message
+    assert worker.registry.get(str(good.flow_run.id)) is not None  # a variable a user may set is fine
+
+
+def test_the_pool_offers_no_variable_that_reaches_past_the_model_and_the_launch_drops_them() -> None:
+    """Defence in depth: whatever a pool made before this rule templates in,
+    a run's command, environment and working folder never come from job variables."""
+    import anyio
+    from prefect.workers.process import ProcessWorker
+
+    from scheduler_service.worker.configuration import ElasticFlowJobConfiguration
+    from scheduler_service.worker.worker import ElasticFlowWorker
+
+    template = ElasticFlowWorker.get_default_base_job_template()
+    assert set(template["variables"]["properties"]) == {"stream_output"}
+    assert template["variables"]["additionalProperties"] is False
+    assert set(template["job_configuration"]) == {"stream_output"}
+    old_pool = ProcessWorker.get_default_base_job_template()  # offers command, env, working_dir
+    values = {"command": "sh -c 'id > pwned.txt'", "env": {"PYTHONPATH": "evil"}, "env.LD_PRELOAD": "x.so",
+              "working_dir": "/tmp", "stream_output": True}
+    from tests.service.offline import OfflineClient
+
+    configuration = anyio.run(ElasticFlowJobConfiguration.from_template_and_values, old_pool, values, OfflineClient())
+    assert configuration.command is None and configuration.env == {} and configuration.working_dir is None
+    assert configuration.stream_output is True

@@ -141,3 +141,36 @@ def test_the_pool_offers_no_variable_that_reaches_past_the_model_and_the_launch_
     configuration = anyio.run(ElasticFlowJobConfiguration.from_template_and_values, old_pool, values, OfflineClient())
     assert configuration.command is None and configuration.env == {} and configuration.working_dir is None
     assert configuration.stream_output is True
+
+
+@pytest.mark.parametrize("parameters, field", [
+    ({"iterations": None}, "iterations"),  # `--param iterations=NaN` through Prefect's CLI
+    ({"epochs": None}, "epochs"),
+    ({"iterations": 5, "checkpoint_interval": None}, "checkpoint_interval"),
+    ({"iterations": 5, "max_restarts": None}, "max_restarts"),
+    ({"iterations": 5, "hyperparameters": {"max_micro_batch": None}}, "hyperparameters.max_micro_batch"),
+    ({"iterations": 5, "hyperparameters": {"learning_rate": None}}, "hyperparameters.learning_rate"),
+    ({"iterations": float("nan")}, "iterations"),
+    ({"epochs": float("inf")}, "epochs"),
+    ({"iterations": 5, "hyperparameters": {"momentum": float("nan")}}, "hyperparameters.momentum"),
+])
+def test_a_number_that_is_null_nan_or_infinite_is_refused_naming_the_field(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parameters: dict, field: str) -> None:
+    """Issue 43: `--param iterations=NaN` reached take-in as null, the run
+    trained its default length and reported its deadline met."""
+    worker = offline_worker(tmp_path, monkeypatch)
+    run_id = _take(worker, {"model": "mlp", **parameters})
+    (decision,) = worker.reporter.store.decisions(run_id)
+    assert not decision.admitted and decision.reason == "invalid_parameters"
+    assert decision.message.startswith(f"{field}: "), decision.message
+
+
+def test_prefects_cli_sends_nan_as_null() -> None:
+    """What the test above stands for: the CLI reads `NaN` as JSON (a float
+    nan) and the client sends it as null."""
+    from prefect.cli._utilities import load_json_key_values
+    from prefect.client.schemas.actions import DeploymentFlowRunCreate
+
+    parameters = load_json_key_values(["iterations=NaN", "epochs=Infinity"], "parameter")
+    sent = DeploymentFlowRunCreate(parameters=parameters).model_dump(mode="json")["parameters"]
+    assert sent == {"iterations": None, "epochs": None}

@@ -10,6 +10,7 @@ goes on with the others.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,8 @@ from scheduler_service.loop.events import Arrived
 from scheduler_service.policy import Job, ThroughputCurve
 from scheduler_service.worker.registry import ServiceRun
 
-NO_SPEED = {1: 1e-9}  # a curve with nothing measurable: the policy finds no usable GPU count
+NO_SPEED = {1: 1e-9}
+MAX_PARAMETERS = 64 * 1024  # characters of a run's parameters as JSON  # a curve with nothing measurable: the policy finds no usable GPU count
 
 
 class InvalidRun(ValueError):
@@ -59,6 +61,10 @@ def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
     from flows.training.datasets import load_dataset
     from flows.training.params import TrainParameters
 
+    size = len(json.dumps(parameters or {}, default=str))
+    if size > MAX_PARAMETERS:  # held by the worker while the run lives: bounded
+        raise InvalidRun(f"parameters: {size} characters as JSON, more than the {MAX_PARAMETERS} a run's "
+                         "parameters may take (a dataset or a model's settings go in files it names)")
     _refuse_null_numbers(parameters or {}, TrainParameters)
     raw = {k: v for k, v in (parameters or {}).items() if v is not None}
     try:

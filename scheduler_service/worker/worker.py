@@ -29,6 +29,7 @@ from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
 from scheduler_service.loop.start_cost import SEEN
 from scheduler_service.policy.topology import kinds_of
+from scheduler_service.text import one_line_logs
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import intake
 from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
@@ -109,6 +110,7 @@ class ElasticFlowWorker(ProcessWorker):
         import os
 
         os.umask(0o077)  # the store, control channels and logs it creates are the service's alone
+        one_line_logs(self._logger)  # no run's name or message forges a line of worker.log (text.py)
         await super().setup()
         self.connect(ServiceStore(), Publisher(self.client, lambda: self._event_related_resources(include_self=True)),
                      self.client)

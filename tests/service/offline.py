@@ -55,6 +55,10 @@ class OfflineClient:
     def __init__(self, blocks: tuple[str, ...] = (), deployments: dict[Any, dict[str, Any]] | None = None) -> None:
         self.blocks = blocks
         self.deployments = deployments or {}  # deployment id -> its job variables
+        self.renamed: dict[str, str | None] = {}  # flow run id -> the name it was given
+
+    async def update_flow_run(self, flow_run_id: Any, name: str | None = None) -> None:
+        self.renamed[str(flow_run_id)] = name
 
     async def read_deployment(self, deployment_id: Any) -> Any:
         return SimpleNamespace(id=deployment_id, job_variables=self.deployments[deployment_id])

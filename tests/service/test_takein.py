@@ -174,3 +174,80 @@ def test_prefects_cli_sends_nan_as_null() -> None:
     parameters = load_json_key_values(["iterations=NaN", "epochs=Infinity"], "parameter")
     sent = DeploymentFlowRunCreate(parameters=parameters).model_dump(mode="json")["parameters"]
     assert sent == {"iterations": None, "epochs": None}
+
+
+FORGED = "ok\n12:00:00 | INFO | finished: met\x1b[2J\u202eevil\u200b"
+ESCAPED = "ok\\n12:00:00 | INFO | finished: met\\x1b[2J\\u202eevil\\u200b"
+
+
+def test_a_forged_name_is_kept_escaped_in_prefect_the_store_and_every_log_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: a run's name forged lines in worker.log (a raw newline, a
+    fake `finished: met`, ESC[2J) and hid itself with U+202E and U+200B."""
+    import io
+    import logging
+
+    from scheduler_service.store import save_curve
+    from scheduler_service.text import one_line_logs
+
+    worker = offline_worker(tmp_path, monkeypatch)
+    save_curve("mlp", 32, {1: 50.0, 2: 90.0})
+    logger = logging.getLogger("prefect.workers.elasticflow")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s | %(flow_run_name)s | %(message)s", defaults={
+        "flow_run_name": "-"}))
+    logger.addHandler(handler)
+    try:
+        one_line_logs(logger)
+        flow_run = FlowRun({"model": "mlp", "iterations": 5})
+        flow_run.name = FORGED
+        entry = Entry(flow_run)
+        asyncio.run(worker.take_in.take([entry], NOW))
+        asyncio.run(worker.decide(NOW))
+        logger.info("flow run %s finished", FORGED, extra={"flow_run_name": FORGED})
+        logger.info(FORGED)  # a message that is itself the name, with no arguments
+    finally:
+        logger.removeHandler(handler)
+    run_id = str(flow_run.id)
+    assert worker.take_in.client.renamed == {run_id: ESCAPED} and flow_run.name == ESCAPED
+    (row,) = worker.reporter.store.jobs()
+    assert row.flow_run_name == ESCAPED and worker.registry.get(run_id).name == ESCAPED
+    (decision,) = worker.reporter.store.decisions(run_id)
+    assert decision.admitted  # and decided as any other run
+    text = out.getvalue()
+    assert not set("\x1b\u202e\u200b") & set(text)
+    assert all(line.startswith(("INFO", "WARNING")) for line in text.splitlines()), text
+    assert f"INFO | {ESCAPED} | flow run {ESCAPED} finished" in text.splitlines()
+
+
+def test_a_one_megabyte_name_is_taken_in_bounded_and_decided(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: a 10 MB name crashed its run in Prefect (EventTooLarge) while
+    the store kept its GPUs; the name Prefect, the store and the events get is bounded."""
+    from scheduler_service.store import save_curve
+    from scheduler_service.text import NAME_LIMIT
+
+    worker = offline_worker(tmp_path, monkeypatch)
+    save_curve("mlp", 32, {1: 50.0, 2: 90.0})
+    flow_run = FlowRun({"model": "mlp", "iterations": 5})
+    flow_run.name = "B" * (1 << 20)
+    asyncio.run(worker.take_in.take([Entry(flow_run)], NOW))
+    asyncio.run(worker.decide(NOW))
+    run_id = str(flow_run.id)
+    (decision,) = worker.reporter.store.decisions(run_id)
+    assert decision.admitted
+    (row,) = worker.reporter.store.jobs()
+    assert len(row.flow_run_name) == NAME_LIMIT and row.flow_run_name.endswith("…")
+    assert len(worker.take_in.client.renamed[run_id]) == NAME_LIMIT and len(flow_run.name) == NAME_LIMIT
+
+
+def test_huge_parameters_and_messages_quoting_them_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler_service.text import MESSAGE_LIMIT
+
+    worker = offline_worker(tmp_path, monkeypatch)
+    big = _take(worker, {"model": "mlp", "iterations": 5, "model_kwargs": {"x": "y" * (1 << 20)}})
+    (decision,) = worker.reporter.store.decisions(big)
+    assert decision.message.startswith("parameters: ") and "more than the 65536" in decision.message
+    quoted = _take(worker, {"model": "mlp", "iterations": 5, "checkpoint_store": "/" + "\n" * 5000})
+    (decision,) = worker.reporter.store.decisions(quoted)
+    assert "\n" not in decision.message and len(decision.message) <= MESSAGE_LIMIT + 100

@@ -193,8 +193,11 @@ class Rejection(BaseModel):
 
     @classmethod
     def of(cls, reason: object, message: str, earliest_epoch: float | None) -> "Rejection":
-        moment = epoch_to_datetime(earliest_epoch)
-        return cls(reason=RejectionReason.read(reason), message=message, earliest_feasible_deadline=moment,
+        from scheduler_service.text import MESSAGE_LIMIT, shown
+
+        moment = epoch_to_datetime(earliest_epoch)  # the message may quote what a user gave: bounded, escaped
+        return cls(reason=RejectionReason.read(reason), message=shown(message, MESSAGE_LIMIT),
+                   earliest_feasible_deadline=moment,
                    beyond_any_date=earliest_epoch is not None and moment is None)
 
     def state_message(self) -> str:

@@ -66,7 +66,7 @@ class TrainParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(default="resnet", description="registered name or 'pkg.module:factory'")
+    model: str = Field(default="resnet", max_length=200, description="registered name or 'pkg.module:factory'")
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: DatasetSpec | None = None
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)

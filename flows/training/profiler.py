@@ -74,15 +74,18 @@ def profile_throughput(
         raise ValueError(f"a placement names {len(placement)} slots for {len(ids)} GPUs")
     if iterations <= warmup + 1:
         raise ValueError("iterations must exceed warmup + 1")
-    params = TrainParameters(
+    # The worker profiles in its own process: a model given by import path is
+    # imported by the ranks (the run's own processes) only, never here, where
+    # its import code would run beside every secret of the stack.
+    params = TrainParameters.model_validate(dict(
         model=model,
         model_kwargs=model_kwargs or {},
         dataset=dataset,
         hyperparameters=Hyperparameters(global_batch_size=batch_size),
         iterations=iterations,
         gpu_plan=[ids[: max(gpu_counts)]],
-        device=device,  # type: ignore[arg-type]
-    )
+        device=device,
+    ), context={"import_models": False})
     give_up = None if timeout_s is None else time.time() + timeout_s
     scratch = tempfile.mkdtemp(prefix="elasticflow-profile-")
     home = elasticflow_home()

@@ -320,16 +320,16 @@ def render(data: StatusReport, console: Any) -> None:
     """A table on a wide terminal; one block per run at 80 columns or in a pipe.
     What users wrote (names, messages) is shown with its control characters
     escaped: a run's name cannot forge a line or colour the terminal."""
-    from scheduler_service.markdown import printable
+    from scheduler_service.text import MESSAGE_LIMIT, printable, shown
 
     now = data.at
     data = data.model_copy(update={
         "cluster": printable(data.cluster),
         "left_out": [LeftOut(node=printable(o.node), why=printable(o.why)) for o in data.left_out],
-        "gpus": [s.model_copy(update={"holder": printable(s.holder)}) if s.holder else s for s in data.gpus],
-        "runs": [v.model_copy(update={"name": printable(v.name), "model": printable(v.model),
-                                      "detail": printable(v.detail),
-                                      "reason": printable(v.reason) if v.reason else v.reason})
+        "gpus": [s.model_copy(update={"holder": shown(s.holder)}) if s.holder else s for s in data.gpus],
+        "runs": [v.model_copy(update={"name": shown(v.name), "model": shown(v.model),
+                                      "detail": shown(v.detail, MESSAGE_LIMIT),
+                                      "reason": shown(v.reason, MESSAGE_LIMIT) if v.reason else v.reason})
                  for v in data.runs]})
     counts = {p: sum(v.phase == p for v in data.runs) for p in PHASE_ORDER}
     console.print(f"cluster: {data.cluster}; store: {data.store}", markup=False, highlight=False)

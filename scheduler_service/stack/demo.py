@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_service.markdown import printable
+from scheduler_service.text import printable
 
 # A model whose throughput grows with a second slot even on CPU (compute
 # dominates the all-reduce at this batch), so the demo can show a resize.

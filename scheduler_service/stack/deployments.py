@@ -44,21 +44,29 @@ PIPELINE_SLA = _pipeline_definition()["parameters"]["sla"]
 
 
 async def ensure_pool(name: str) -> None:
-    """Create the `elasticflow` work pool `name` unless it exists."""
+    """Create the `elasticflow` work pool `name` unless it exists; one that
+    exists loses any job variable a user may not set (a pool made before
+    that rule offered `command`, `env` and `working_dir` to every run:
+    worker/configuration.py), keeping what its operator fixed."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
 
     from scheduler_service.worker import ElasticFlowWorker
+    from scheduler_service.worker.configuration import confined
 
     async with get_client() as client:
         try:
-            await client.read_work_pool(name)
+            pool = await client.read_work_pool(name)
         except ObjectNotFound:
             await client.create_work_pool(WorkPoolCreate(
                 name=name, type=ElasticFlowWorker.type,
                 base_job_template=ElasticFlowWorker.get_default_base_job_template(),
             ))
+            return
+        template = confined(pool.base_job_template)
+        if pool.type == ElasticFlowWorker.type and template != pool.base_job_template:
+            await client.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
 
 
 def deploy(pool: str, models: Iterable[str] = MODELS, parameters: dict[str, Any] | None = None) -> dict[str, str]:

@@ -10,6 +10,7 @@ goes on with the others.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,8 @@ from scheduler_service.loop.events import Arrived
 from scheduler_service.policy import Job, ThroughputCurve
 from scheduler_service.worker.registry import ServiceRun
 
-NO_SPEED = {1: 1e-9}  # a curve with nothing measurable: the policy finds no usable GPU count
+NO_SPEED = {1: 1e-9}
+MAX_PARAMETERS = 64 * 1024  # characters of a run's parameters as JSON  # a curve with nothing measurable: the policy finds no usable GPU count
 
 
 class InvalidRun(ValueError):
@@ -59,6 +61,11 @@ def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
     from flows.training.datasets import load_dataset
     from flows.training.params import TrainParameters
 
+    size = len(json.dumps(parameters or {}, default=str))
+    if size > MAX_PARAMETERS:  # held by the worker while the run lives: bounded
+        raise InvalidRun(f"parameters: {size} characters as JSON, more than the {MAX_PARAMETERS} a run's "
+                         "parameters may take (a dataset or a model's settings go in files it names)")
+    _refuse_null_numbers(parameters or {}, TrainParameters)
     raw = {k: v for k, v in (parameters or {}).items() if v is not None}
     try:
         params = TrainParameters.model_validate(
@@ -76,6 +83,42 @@ def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
             raise InvalidRun(f"dataset: {type(exc).__name__}: {exc}") from None
     deadline = None if params.deadline is None else params.deadline.timestamp()
     return Request(params, float(iterations), deadline)
+
+
+def _refuse_null_numbers(parameters: Mapping[str, Any], model: Any, prefix: str = "") -> None:
+    """A number given as null is refused, not read as "left out": Prefect's
+    CLI sends `--param iterations=NaN` (or Infinity) as null, and the run then
+    trained its default length and reported its deadline met. A null where a
+    number may be left out (`iterations`, `epochs`) is refused too: left out,
+    it is simply not given."""
+    if not isinstance(parameters, Mapping):
+        return
+    for name, field in model.model_fields.items():
+        value = parameters.get(name, ...)
+        if value is None and _numeric(field.annotation):
+            raise InvalidRun(f"{prefix}{name}: is null, not a number (Prefect's CLI sends NaN and Infinity as null); "
+                             "give a finite number, or leave it out")
+        nested = _model_of(field.annotation)
+        if nested is not None and isinstance(value, Mapping):
+            _refuse_null_numbers(value, nested, f"{prefix}{name}.")
+
+
+def _numeric(annotation: Any) -> bool:
+    import typing
+
+    kinds = [a for a in (typing.get_args(annotation) or (annotation,)) if a is not type(None)]
+    return bool(kinds) and all(a in (int, float) for a in kinds)
+
+
+def _model_of(annotation: Any) -> Any:
+    import typing
+
+    from pydantic import BaseModel
+
+    for kind in typing.get_args(annotation) or (annotation,):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+    return None
 
 
 def confine(request: Request, roots: list[Path], schemes: frozenset[str]) -> None:

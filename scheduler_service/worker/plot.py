@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, Field
 
-from scheduler_service.markdown import printable
+from scheduler_service.text import printable
 
 # Jobs beyond this many (by GPU-seconds) share one "other jobs" band in the
 # plot: a legend of hundreds of runs helps nobody.

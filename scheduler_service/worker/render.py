@@ -15,7 +15,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from scheduler_service.markdown import markdown_table, printable
+from scheduler_service.markdown import markdown_table
+from scheduler_service.text import printable
 
 # The deadline-at-risk margin when none is given (the service passes its own,
 # ELASTICFLOW_AT_RISK_S): a projection within a minute of the deadline is one

@@ -20,7 +20,9 @@ from scheduler_service.contracts import Rejection, RejectionReason
 from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import Ended
 from scheduler_service.policy.topology import kinds_of
+from scheduler_service.text import shown
 from scheduler_service.worker import intake
+from scheduler_service.worker.configuration import ALLOWED, forbidden
 from scheduler_service.worker.profiling import Profiler
 from scheduler_service.worker.registry import RunRegistry
 from scheduler_service.worker.reporting import Reporter
@@ -47,6 +49,7 @@ class TakeIn:
     async def take(self, responses: list[Any], now: float) -> tuple[int, list[Any]]:
         """How many new training runs it took in, and the other runs to launch at once."""
         at_once, took_in = [], 0
+        deployments: dict[Any, Any] = {}  # deployment id -> its job variables, read once a poll
         for entry in responses:
             run_id = str(entry.flow_run.id)
             known = self.registry.get(run_id)
@@ -55,6 +58,11 @@ class TakeIn:
                 continue
             start = entry.flow_run.next_scheduled_start_time or entry.flow_run.expected_start_time
             if self.registry.seen(run_id) or (start is not None and start.timestamp() > now):
+                continue
+            await self._bound_name(entry.flow_run)
+            refused = await self._job_variables(entry.flow_run, deployments)
+            if refused is not None:
+                await self.reject(entry.flow_run, refused, now)
                 continue
             if await self._flow_name(entry.flow_run) != TRAIN_FLOW:
                 log.info("launching flow run %s (%s): not a training run, it needs no GPUs", run_id,
@@ -67,6 +75,47 @@ class TakeIn:
             await self._one(entry, now)
             took_in += 1
         return took_in, at_once
+
+    async def _bound_name(self, flow_run: Any) -> None:
+        """A run's name is kept bounded and escaped (text.py), here and in
+        Prefect: a 10 MB name crashed its run in Prefect's own events
+        (EventTooLarge) while the store kept its GPUs, and a newline in one
+        forged lines in worker.log. Renamed once, before anything of the run
+        is written anywhere."""
+        name = flow_run.name or ""
+        kept = shown(name)
+        if kept == name:
+            return
+        log.warning("flow run %s: its name (%d characters) is kept as %s", flow_run.id, len(name), kept)
+        try:
+            await self.client.update_flow_run(flow_run.id, name=kept)
+        except Exception:
+            log.warning("could not rename flow run %s in Prefect; the service keeps the bounded name", flow_run.id,
+                        exc_info=True)
+        flow_run.name = kept  # what Prefect's launch of it sends in its events and labels
+
+    async def _job_variables(self, flow_run: Any, deployments: dict[Any, Any]) -> str | None:
+        """Why the run's or its deployment's job variables refuse it, if they
+        do: one a user may not set (its command, environment, working folder:
+        configuration.py) is refused before anything of the run starts. Any
+        run of the pool, training or not."""
+        own = getattr(flow_run, "job_variables", None) or {}
+        deployment_id = getattr(flow_run, "deployment_id", None)
+        if deployment_id is not None and deployment_id not in deployments:
+            try:
+                deployments[deployment_id] = (await self.client.read_deployment(deployment_id)).job_variables
+            except Exception:  # the launch drops them anyway (configuration.py)
+                log.warning("could not read the deployment of flow run %s to check its job variables",
+                            flow_run.id, exc_info=True)
+                deployments[deployment_id] = {}
+        given = [("its deployment's", deployments.get(deployment_id) or {}), ("the run's", own)]
+        for whose, variables in given:
+            names = forbidden(variables)
+            if names:
+                return (f"job_variables: {', '.join(map(repr, names))} in {whose} job variables may not be set "
+                        f"(a user may set only {', '.join(sorted(ALLOWED))}); what every run needs there, the "
+                        "operator sets in the pool's base job template")
+        return None
 
     def _hold_back(self) -> bool:
         """Leave new runs in the queue, Scheduled, while Prefect's server is
@@ -148,7 +197,7 @@ class TakeIn:
         self.loop.handle(Ended(run_id), now)  # if it was handed over already, it is no longer the loop's
         model = (flow_run.parameters or {}).get("model") if isinstance(flow_run.parameters, dict) else None
         await self.reporter.rejected(run_id, flow_run, Rejection.of(RejectionReason.INVALID_PARAMETERS, why, None),
-                                     model=str(model)[:200] if model is not None else "")
+                                     model=shown(model) if model is not None else "")
 
     async def _flow_name(self, flow_run: Any) -> str:
         """Only `train` runs are scheduled; a pipeline deployed to the same pool runs at once."""

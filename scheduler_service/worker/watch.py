@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
+from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelled
 
 from scheduler_service.worker.backend import ExecutionBackend
@@ -29,11 +30,18 @@ from scheduler_service.worker.cancellation import StopStep
 
 log = logging.getLogger("prefect.workers.elasticflow.stopping")  # shown with the worker's own lines
 
+# How long a run's process may outlive its final state before that state is
+# taken as set from outside: a flow's own Completed is followed by its exit
+# within a second or two.
+FINAL_GRACE_S = 10.0
+FINAL = (StateType.COMPLETED, StateType.CANCELLED, StateType.CRASHED, StateType.FAILED)
+
 
 class PrefectWatch:
     def __init__(self, client: Any, backend: ExecutionBackend) -> None:
         self.client = client
         self.backend = backend
+        self._final_seen: dict[str, float] = {}  # running run id -> when it was first seen in a final state
 
     async def settle(self, flow_run_id: Any, when: str) -> bool:
         """End a cancelled run whose process is gone `Cancelled`; True if it did."""
@@ -89,7 +97,9 @@ class PrefectWatch:
         return gone
 
     async def ended(self, foreign: Iterable[str]) -> list[str]:
-        """Runs under processes an earlier worker launched that Prefect says have ended."""
+        """Runs under processes an earlier worker launched that Prefect says
+        have ended and whose process is gone (one that outlives its final
+        state is stopped first: `cancelling`)."""
         from prefect.exceptions import ObjectNotFound
 
         done = []
@@ -97,6 +107,8 @@ class PrefectWatch:
             try:
                 flow_run = await self.client.read_flow_run(UUID(run_id))
                 final = flow_run is None or flow_run.state is None or flow_run.state.is_final()
+                if final and flow_run is not None and self.backend.alive(flow_run.infrastructure_pid, run_id):
+                    final = False
             except ObjectNotFound:
                 final = True
             except Exception:
@@ -108,23 +120,26 @@ class PrefectWatch:
 
     async def cancelling(self, running: dict[str, bool], now: float) -> tuple[list[str], list[str]]:
         """Running runs left `Cancelling` (adopted ones, or cancelled as they
-        launched: see cancellation.py), by id -> whether an earlier worker
-        launched it: the runs to tell to stop now, and the adopted ones whose
-        process is gone (to be ended). Signals are the backend's to send."""
+        launched: see cancellation.py), or already in a final state while
+        the service still has them running (set from outside through the API:
+        Completed, Cancelled, Crashed, Failed; or crashed by Prefect itself),
+        by id -> whether an earlier worker launched it: the runs to tell to
+        stop now, and those whose process is gone or never started (to be
+        ended, their GPUs freed). Signals are the backend's to send."""
         from prefect.client.schemas.filters import (
             FlowRunFilter,
             FlowRunFilterId,
             FlowRunFilterState,
             FlowRunFilterStateType,
         )
-        from prefect.client.schemas.objects import StateType
-
+        for run_id in [r for r in self._final_seen if r not in running]:
+            del self._final_seen[run_id]
         if not running:
             return [], []
         try:
             flow_runs = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[UUID(r) for r in running]),
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))))
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING, *FINAL]))))
         except Exception:
             log.warning("could not read which runs are cancelling", exc_info=True)
             return [], []
@@ -133,19 +148,35 @@ class PrefectWatch:
             run_id = str(flow_run.id)
             if run_id not in running:  # ended while we read
                 continue
-            message = flow_run.state.message if flow_run.state is not None else None
+            state = flow_run.state
+            final = state is not None and state.type in FINAL
+            adopted = running[run_id]
+            if final:
+                # A run's own end (Completed as its flow returns) is followed at
+                # once by its process's exit, which ends it: only a final state
+                # its process outlives is someone else's, and is obeyed as a stop.
+                seen = self._final_seen.setdefault(run_id, now)
+                if flow_run.infrastructure_pid and now - seen < FINAL_GRACE_S:
+                    continue
+                adopted = True  # nothing of Prefect's will stop it: at once
+            message = state.message if state is not None else None
+            if final:
+                message = f"set {state.name} from outside" + (f": {message}" if message else "")  # type: ignore[union-attr]
             try:
-                step = self.backend.stop_step(run_id, flow_run.infrastructure_pid, message, now, running[run_id])
+                step = self.backend.stop_step(run_id, flow_run.infrastructure_pid, message, now, adopted)
             except Exception:  # one run's trouble must not stop the poll
                 log.exception("could not stop cancelled flow run %s", run_id)
                 continue
+            said = f"is {state.name} in Prefect while it runs" if final else "is Cancelling"  # type: ignore[union-attr]
             if step is StopStep.STOP:
-                log.info("flow run %s is Cancelling and Prefect's worker does not stop it: told it to stop", run_id)
+                log.info("flow run %s %s and Prefect's worker does not stop it: told it to stop", run_id, said)
                 stop.append(run_id)
             elif step in (StopStep.TERMINATED, StopStep.KILLED):
-                log.warning("flow run %s is Cancelling and did not stop when told: %s its process", run_id,
-                            step.value)
-            elif step is StopStep.GONE and running[run_id]:
+                log.warning("flow run %s %s and did not stop when told: %s its process", run_id, said, step.value)
+            elif step is StopStep.GONE and ((not final) if running[run_id] else (final and not flow_run.infrastructure_pid)):
+                # An adopted run's process is gone (a final one: `ended` says so), or
+                # Prefect ended a run of ours before its process started (none will exit).
+                log.warning("flow run %s %s and has no process: its GPUs are freed", run_id, said)
                 gone.append(run_id)
         return stop, gone
 

@@ -4,7 +4,7 @@ runs and how it stands against its deadline, and how it ended."""
 from __future__ import annotations
 
 from scheduler_service.contracts import Outcome, epoch_to_datetime
-from scheduler_service.markdown import printable
+from scheduler_service.text import printable
 
 
 def iso(seconds: float | None) -> str | None:

@@ -29,6 +29,7 @@ from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
 from scheduler_service.loop.start_cost import SEEN
 from scheduler_service.policy.topology import kinds_of
+from scheduler_service.text import one_line_logs
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import intake
 from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
@@ -109,6 +110,7 @@ class ElasticFlowWorker(ProcessWorker):
         import os
 
         os.umask(0o077)  # the store, control channels and logs it creates are the service's alone
+        one_line_logs(self._logger)  # no run's name or message forges a line of worker.log (text.py)
         await super().setup()
         self.connect(ServiceStore(), Publisher(self.client, lambda: self._event_related_resources(include_self=True)),
                      self.client)
@@ -266,15 +268,16 @@ class ElasticFlowWorker(ProcessWorker):
             self.backend.prepare(configuration.env, Placement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))),
                                  LaunchSpec(deadline=epoch_to_datetime(placed.deadline), admitted=True))
             configuration.env["ELASTICFLOW_HOME"] = str(self.settings.home)
-        if not configuration._command_configured:
-            from prefect.utilities.processutils import command_to_string, get_sys_executable
+        from prefect.utilities.processutils import command_to_string, get_sys_executable
 
-            # Prefect's default launcher is a workspace supervisor that then execs a
-            # second interpreter for the engine (Prefect imported twice). Ours runs the
-            # engine in one, in its own session, and starts the run's DDP ranks first
-            # so that they import torch while the engine starts (flows/training/boot.py).
-            configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
-            configuration._command_configured = True
+        # Prefect's default launcher is a workspace supervisor that then execs a
+        # second interpreter for the engine (Prefect imported twice). Ours runs the
+        # engine in one, in its own session, and starts the run's DDP ranks first
+        # so that they import torch while the engine starts (flows/training/boot.py).
+        # It is always ours: a command from job variables would run as the stack's
+        # user (configuration.py).
+        configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
+        configuration._command_configured = True
         try:
             result = await super().run(flow_run, configuration, Identified(task_status, self.backend))
         finally:

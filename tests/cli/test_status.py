@@ -204,3 +204,22 @@ def test_on_a_cluster_shared_by_teams_each_team_shows_its_share_and_what_it_hold
     text = out.getvalue()
     assert "team vision: share 2, holds 0, lends 1" in text and "team speech: share 2, holds 3 (1 borrowed)" in text
     assert "team" in text.splitlines()[[i for i, l in enumerate(text.splitlines()) if l.startswith("run")][0]]
+
+
+def test_bidi_overrides_zero_width_characters_and_long_names_are_escaped_and_bounded(tmp_path: Path) -> None:
+    """Issue 43: `status` printed U+202E (the rest of the line reversed) and
+    U+200B raw; a name of any length is cut, with an ellipsis."""
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import ServiceStore
+
+    store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
+    store.upsert_job("00000000-0000-0000-0000-000000000001", RunPhase.RUNNING, flow_run_name="ab\u202edc\u200bx",
+                     model="mlp", iterations=10, gpus="0")
+    store.upsert_job("00000000-0000-0000-0000-000000000002", RunPhase.RUNNING, flow_run_name="L" * 100_000,
+                     model="mlp", iterations=10, gpus="1")
+    for width in (80, 200):
+        out = io.StringIO()
+        render(report(tmp_path), Console(file=out, width=width))
+        text = out.getvalue()
+        assert "\u202e" not in text and "\u200b" not in text and "ab\\u202edc\\u200bx" in text
+        assert "L" * 200 not in text and "L" * 150 in text.replace("\n", "").replace(" ", "") and "…" in text

@@ -52,8 +52,16 @@ class OfflineClient:
     """What take-in asks Prefect: every run here is of the `train` flow, and
     the only saved blocks are those in `blocks`."""
 
-    def __init__(self, blocks: tuple[str, ...] = ()) -> None:
+    def __init__(self, blocks: tuple[str, ...] = (), deployments: dict[Any, dict[str, Any]] | None = None) -> None:
         self.blocks = blocks
+        self.deployments = deployments or {}  # deployment id -> its job variables
+        self.renamed: dict[str, str | None] = {}  # flow run id -> the name it was given
+
+    async def update_flow_run(self, flow_run_id: Any, name: str | None = None) -> None:
+        self.renamed[str(flow_run_id)] = name
+
+    async def read_deployment(self, deployment_id: Any) -> Any:
+        return SimpleNamespace(id=deployment_id, job_variables=self.deployments[deployment_id])
 
     async def read_flow(self, flow_id: Any) -> Any:
         return SimpleNamespace(name="train")
@@ -69,10 +77,13 @@ class OfflineClient:
 class FlowRun:
     """What the worker reads of a Prefect flow run at take-in."""
 
-    def __init__(self, parameters: dict[str, Any] | None = None, run_id: str | None = None) -> None:
+    def __init__(self, parameters: dict[str, Any] | None = None, run_id: str | None = None,
+                 job_variables: dict[str, Any] | None = None, deployment_id: Any = None) -> None:
         self.id = run_id or str(uuid.uuid4())
         self.name = f"run-{self.id[:8]}"
         self.parameters = parameters or {}
+        self.job_variables = job_variables or {}
+        self.deployment_id = deployment_id
         self.flow_id = "train"
         self.next_scheduled_start_time = self.expected_start_time = None  # due now
 

@@ -183,3 +183,31 @@ def test_a_later_measurement_keeps_the_stand_in_and_stores_the_kinds_own_curve(t
     curve = measure(_run(tmp_path, "a").request, [1], False)
     assert set(curve) == {1} and curve[1] > 0
     assert get_curves("mlp", 32) == {"": {1: 123.0}, "A100": {1: 123.0}, "T4": curve}
+
+
+def test_a_model_given_by_import_path_is_imported_only_in_the_ranks_never_the_worker(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 43: profiling built `TrainParameters` importing the user's
+    module, so its import code ran in the worker beside every secret of the
+    stack. Take-in and the worker's own measurement leave no mark of this
+    process; the ranks trained the model (the curve is measured)."""
+    import os
+    import sys
+
+    from scheduler_service.worker import cluster as cluster_mod
+    from scheduler_service.worker.profiling import measure_where_runs_train
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("ELASTICFLOW_TEST_MARKS", str(marks))
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+    module = "tests.runtime.marking_model"
+    sys.modules.pop(module, None)
+    request = read_request({"model": f"{module}:marked", "dataset": "synthetic-vectors", "iterations": 20,
+                            "hyperparameters": {"global_batch_size": 8}}, NOW)
+    cluster = cluster_mod.load(Path(__file__).parents[2] / "infra" / "local-cpu2.csv", None)
+    measure = measure_where_runs_train("cpu", 6, 120.0, lambda: cluster, None)
+    curve = measure(request, [0], True)
+    assert set(curve) == {1} and curve[1] > 0
+    assert not (marks / f"imported-{os.getpid()}").exists() and module not in sys.modules

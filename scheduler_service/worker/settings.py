@@ -71,6 +71,10 @@ class WorkerSettings(BaseSettings):
     publish_concurrency: int = _setting(
         16, "Prefect API requests in flight when a burst of decisions is published (more on PostgreSQL)", "16",
         ge=1, le=256)
+    lease_s: float = _setting(
+        30.0, "one worker per pool: a worker's lease on its pool, renewed every third of this, is taken over by "
+        "another worker this long after its last renewal (at once if its process is gone from this host)", "30",
+        ge=3)
     profile_iterations: int = _setting(8, "iterations measured per GPU count when a model is profiled on first use",
                                        "8", ge=3)
     profile_timeout_s: float = _setting(

@@ -113,16 +113,10 @@ class WorkerSettings(BaseSettings):
 
         if not name or not name.strip():
             return None
-        wanted = "an unprivileged user the stack can switch to and who can read Python and the project"
-        try:
-            check_user(name.strip())
-        except ValueError as exc:
-            raise ValueError(f"{wanted} ({str(exc).split(': ', 1)[1]})") from None
-        for needed in (Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]):
-            blocker = unreachable(needed / "lib")
-            if blocker is not None:
-                raise ValueError(f"{wanted} ({blocker} keeps that user from {needed}: install Python and the "
-                                 "project where it can read them)")
+        problem = rank_user_problem(name.strip())
+        if problem is not None:
+            raise ValueError("an unprivileged user the stack can switch to and who can read Python and the project "
+                             f"({problem})")
         return name.strip()
 
     @field_validator("rank_gids")
@@ -196,6 +190,22 @@ class WorkerSettings(BaseSettings):
     @property
     def schemes(self) -> frozenset[str]:
         return frozenset(s.strip() for s in self.storage_schemes.split(",") if s.strip())
+
+
+def rank_user_problem(name: str) -> str | None:
+    """Why ranks cannot run as `name` here (None: they can): no such user,
+    root, a stack not root, or Python or the project out of that user's reach."""
+    from flows.training.identity import check_user, unreachable
+
+    try:
+        check_user(name)
+    except ValueError as exc:
+        return str(exc).split(": ", 1)[1]
+    for needed in (Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]):
+        blocker = unreachable(needed / "lib")
+        if blocker is not None:
+            return f"{blocker} keeps that user from {needed}: install Python and the project where it can read them"
+    return None
 
 
 def _accepts(error: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 from sqlalchemy import delete, update
 from sqlalchemy.engine import Engine
@@ -67,6 +68,11 @@ def _alive_here(row: LeaseRecord, here: Holder) -> bool | None:
     """Whether the row's process still lives, where this host can tell (None: another host)."""
     if row.host != here.host:
         return None
+    try:  # a zombie (ended, not yet reaped by its parent) is gone too
+        if Path(f"/proc/{row.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False
+    except (OSError, IndexError):
+        return False
     started = start_time(row.pid)
     return started is not None and (row.pid_started is None or started == row.pid_started)
 

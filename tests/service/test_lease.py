@@ -102,3 +102,21 @@ def _parent() -> tuple[int, int | None]:
     from flows.training.boot import start_time
 
     return os.getppid(), start_time(os.getppid())
+
+
+def test_a_holder_that_ended_but_was_not_yet_reaped_is_gone(engine: Engine) -> None:
+    """A worker SIGKILLed under `up` is a zombie until the supervisor polls it."""
+    import time
+
+    from flows.training.boot import start_time
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = start_time(child.pid)
+    time.sleep(1.0)  # it has exited; nobody has waited for it
+    try:
+        assert PoolLease(engine, "gpus", stale_s=3600, holder=Holder(socket.gethostname(), child.pid,
+                                                                      started)).take() is None
+        taken = PoolLease(engine, "gpus", stale_s=3600).take()
+        assert taken is not None and "its process has ended" in taken
+    finally:
+        child.wait()

@@ -26,7 +26,8 @@ def test_client_env_is_private_and_a_shell_loads_it(tmp_path: Path, monkeypatch)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     shown = subprocess.run(["sh", "-c", f"{load_hint(tmp_path)}; env"], capture_output=True, text=True,
                            env={"PATH": os.environ["PATH"]}).stdout.splitlines()
-    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in shown and "PREFECT_API_AUTH_STRING=elasticflow:s3cr3t" in shown
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in shown
+    assert "PREFECT_API_AUTH_STRING=elasticflow:s3cr3t" in shown
     monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert load_client_env(tmp_path)

@@ -88,8 +88,16 @@ class Chaos:
 
     # -- the stack ------------------------------------------------------------
     def start(self) -> None:
+        from scheduler_service.stack.rank_account import OPT_OUT, RankAccountError, resolve
+
+        try:  # the ranks' default unprivileged account where this machine lets it run them, else the opt-out
+            resolve(None, self.home)
+            rank_user: list[str] = []
+        except RankAccountError:
+            rank_user = ["--rank-user", OPT_OUT]
         argv = [sys.executable, "-c", "from scheduler_service.cli import main; main()", "up",
-                "--home", str(self.home), "--port", str(self.port)] + (["--ray", "local:2x2"] if self.ray else [])
+                "--home", str(self.home), "--port", str(self.port)] + (["--ray", "local:2x2"] if self.ray else []) \
+            + rank_user
         self.up = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=open(self.log, "ab"),
                                    stderr=subprocess.STDOUT)
         self.starts += 1
@@ -395,8 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     with socket.socket() as probe:  # Prefect reads its settings at import: they are set before it is imported
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    from scheduler_service.stack.secret import api_auth_string  # standard library only: Prefect is not imported
+
+    (base / "home").mkdir(mode=0o700)
     os.environ.update({"ELASTICFLOW_HOME": str(base / "home"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-                       "PREFECT_HOME": str(base / "home" / "prefect"), "PREFECT_SERVER_EPHEMERAL_ENABLED": "false"})
+                       "PREFECT_HOME": str(base / "home" / "prefect"), "PREFECT_SERVER_EPHEMERAL_ENABLED": "false",
+                       # what each `up` of this home makes the API ask for
+                       "PREFECT_API_AUTH_STRING": api_auth_string(base / "home")})
     chaos = Chaos(base, port, args.seed, args.ray)
     say(f"chaos for {args.minutes:g} min, seed {args.seed}{', on Ray' if args.ray else ''}; home {chaos.home}")
     try:

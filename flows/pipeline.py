@@ -12,7 +12,8 @@ iterations: under a minute on a CPU) and shows the three things a real
 pipeline does around `train_model`: hand it data, read the checkpoint it
 returns, and decide what to do when training is rejected.
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api prefect deployment run pipeline/daily --param sla=+10m
+    set -a; . ${ELASTICFLOW_HOME:-$HOME/.elasticflow}/client.env; set +a   # the stack's API URL and secret
+    prefect deployment run pipeline/daily --param sla=+10m
 """
 
 from __future__ import annotations

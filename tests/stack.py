@@ -183,6 +183,20 @@ def stack_settings(base: Path) -> dict[str, str]:
     }
 
 
+def rank_user_args(home: Path) -> list[str]:
+    """`up`'s options for its ranks' account: none (the default unprivileged
+    account, created if missing) where this machine lets that account run the
+    ranks, else the explicit opt-out `--rank-user root` (a Python under /root,
+    a home under a folder others cannot pass through)."""
+    from scheduler_service.stack.rank_account import OPT_OUT, RankAccountError, resolve
+
+    try:
+        resolve(None, home)
+    except RankAccountError:
+        return ["--rank-user", OPT_OUT]
+    return []
+
+
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
     """The predicate's first truthy value, polled every 0.3 s; AssertionError naming `what` after `timeout_s`."""
     deadline = time.time() + timeout_s

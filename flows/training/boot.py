@@ -30,6 +30,7 @@ are imported before the engine starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -93,10 +94,29 @@ def run_engine(fork_standbys: bool = False, client_pid: int | None = None) -> in
     if client_pid is not None:
         watch_client(client_pid)  # the first thread: after the forks
     try:
-        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+        with _api_secret():
+            runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def _api_secret() -> contextlib.AbstractContextManager[object]:
+    """The API's secret from this flow process's environment into Prefect's
+    settings. A fork server's child has the settings its server read at
+    start, and the server is kept from the secret (the ranks it forks must not
+    hold it): the child takes it here, after its ranks are forked."""
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    if not auth:
+        return contextlib.nullcontext()
+    import prefect.context
+    from prefect.settings import PREFECT_API_AUTH_STRING, temporary_settings
+
+    applied = contextlib.ExitStack()
+    applied.enter_context(temporary_settings(updates={PREFECT_API_AUTH_STRING: auth}))
+    # and for the engine's threads, which start from the process-wide context (as Prefect's test harness does)
+    applied.enter_context(prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()))
+    return applied
 
 
 def run_warm(path: str) -> int | None:

@@ -32,11 +32,14 @@ RANK_ENV_NAMES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PY
 RANK_ENV_PREFIXES = ("LC_", "ELASTICFLOW_", "CUDA_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "MKL_",
                      "OPENBLAS_", "KMP_", "NVIDIA_")
 SECRET_NAMES = {"ELASTICFLOW_DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "DATABASE_URL",
-                "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_PASSWORD"}
+                "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_PASSWORD",
+                "PREFECT_API_AUTH_STRING", "PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_KEY"}
 
 
 def is_secret(name: str) -> bool:
-    """Names that carry credentials of the worker or the store."""
+    """Names that carry credentials of the worker, the store or the API.
+    The flow process needs the API's (the worker keeps `PREFECT_*` in its
+    environment); the fork server and the ranks it forks never hold it."""
     upper = name.upper()
     return upper in SECRET_NAMES or any(word in upper for word in ("PASSWORD", "SECRET", "DATABASE_URL"))
 

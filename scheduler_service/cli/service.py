@@ -91,6 +91,9 @@ def up(
     ray: Optional[str] = typer.Option(
         None, "--ray", help="run the ranks on a Ray cluster: its head's ADDRESS (host:port), or local:NxG to "
         "start N nodes of G worker slots on this machine, on loopback, stopped with the stack (docs/ray.md)"),
+    rank_user: Optional[str] = typer.Option(
+        None, "--rank-user", help="the unprivileged account training ranks run as (default: $ELASTICFLOW_RANK_USER, "
+        "else elasticflow-rank, created if missing when run as root); `root` opts out: ranks run as root"),
 ) -> None:
     """Run the local stack in the foreground: Prefect server (SQLite, or
     PostgreSQL with --database), the `gpus` work pool, deployments
@@ -131,23 +134,41 @@ def up(
             errors.print(f"error: {exc}")
             raise typer.Exit(2) from None
         console.print(f"ranks on the Ray cluster {ray}")
+    from scheduler_service.stack.rank_account import RankAccount, RankAccountError, resolve
+
+    try:  # on Ray, rank actors run as the Ray nodes' user: that is the cluster's to set (docs/ray.md)
+        account = RankAccount(None, "ranks run as the Ray nodes' user") if ray else resolve(rank_user, home)
+    except RankAccountError as exc:
+        errors.print(f"error: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if account.user is None:  # opted out (`root`), or not root: the worker's ranks stay the stack's user
+        import os
+
+        from flows.training.identity import RANK_USER_ENV
+
+        os.environ.pop(RANK_USER_ENV, None)
     console.print(f"starting Prefect server on 127.0.0.1:{port} ({where}; home {home})")
+    console.print(account.said, highlight=False)
     try:
-        with local_stack(home, port, database=database, ray=ray) as stack:
+        with local_stack(home, port, database=database, ray=ray, rank_user=account.user) as stack:
             if ray:
                 import os
 
                 from flows.training.ray_nodes import RAY_ADDRESS_ENV
 
                 console.print(f"Ray cluster at {os.environ.get(RAY_ADDRESS_ENV, ray)}")
+            from scheduler_service.stack.secret import load_hint
+
             console.print(
                 f"work pool 'gpus' (type elasticflow); deployments: {', '.join(stack.deployments)}\n"
                 f"ElasticFlow worker started (log {stack.logs / 'worker.log'}). UI: {stack.ui_url}\n"
+                f"The API asks for the stack's secret: the client settings are in {stack.client_env} (0600; "
+                "the UI asks for its PREFECT_API_AUTH_STRING). Load them in your shell, then submit:\n"
+                f"  {load_hint(home)}\n"
                 "  " + hints.prefect("deployment", "run", "train/mlp", "--param", "iterations=200", "--param",
-                                     "deadline=+10m", api_url=stack.api_url) + "\n"
-                "  " + hints.prefect("deployment", "run", "pipeline/daily", "--param", "sla=+10m",
-                                     api_url=stack.api_url) + "\n"
-                + hints.daily_schedule(stack.api_url) + "\n"
+                                     "deadline=+10m") + "\n"
+                "  " + hints.prefect("deployment", "run", "pipeline/daily", "--param", "sla=+10m") + "\n"
+                + hints.daily_schedule() + "\n"
                 "Ctrl-C stops everything."
             )
             while True:
@@ -199,16 +220,21 @@ def audit(
     line per disagreement, lost run, GPU held twice or by an ended run, and
     process outliving its run. Exits 1 if there is any (reads Prefect's API)."""
     import asyncio
+    import os
 
     from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     from scheduler_service.stack.audit import audit as check
     from scheduler_service.stack.audit import decision_counts, read_flow_runs
-
-    from prefect.settings import PREFECT_API_URL
+    from scheduler_service.stack.secret import CLIENT_AUTH_ENV, load_client_env
 
     chosen = _home(home)
-    if not PREFECT_API_URL.value():  # never a temporary server of Prefect's own, with no runs in it
+    load_client_env(chosen)  # the stack's user needs no export: the home has the client settings
+    updates = {setting: os.environ[name] for setting, name in ((PREFECT_API_URL, "PREFECT_API_URL"),
+                                                               (PREFECT_API_AUTH_STRING, CLIENT_AUTH_ENV))
+               if os.environ.get(name)}
+    if PREFECT_API_URL not in updates and not PREFECT_API_URL.value():  # never a temporary server of Prefect's own
         errors.print("error: set PREFECT_API_URL to the stack's API (`up` prints it), e.g. http://127.0.0.1:4200/api")
         raise typer.Exit(2)
 
@@ -217,7 +243,9 @@ def audit(
             return await read_flow_runs(client)
 
     try:
-        found = check(chosen, asyncio.run(read()), decision_counts(chosen), settle_s=settle_s)
+        with temporary_settings(updates=updates):
+            flow_runs = asyncio.run(read())
+        found = check(chosen, flow_runs, decision_counts(chosen), settle_s=settle_s)
     except Exception as exc:  # no server, no store: say which, no traceback
         errors.print(f"error: cannot audit: {type(exc).__name__}: {exc}")
         raise typer.Exit(2) from None

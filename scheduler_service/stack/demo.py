@@ -189,9 +189,17 @@ def run_demo(home: Path, port: int, console: Console) -> bool:
     from scheduler_service.stack.local import local_stack
     from scheduler_service.store import get_curve
 
+    from scheduler_service.stack.rank_account import RankAccountError, resolve
+
     now = lambda: datetime.now(timezone.utc)  # noqa: E731
     demo = Demo(console, home)
-    with local_stack(home, port, env=SETTINGS, models=(MODEL,), schedules=False) as stack:
+    try:  # as `up`: an unprivileged account for the ranks by default
+        account = resolve(None, home)
+        rank_user, said = account.user, account.said
+    except RankAccountError as exc:  # a throwaway demo still runs; `up` would refuse
+        rank_user, said = None, f"ranks run as this stack's user: {exc}"
+    demo.say(said)
+    with local_stack(home, port, env=SETTINGS, models=(MODEL,), schedules=False, rank_user=rank_user) as stack:
         demo.say(f"stack up: Prefect UI {stack.ui_url}, work pool 'gpus', worker log {stack.logs / 'worker.log'}")
         first = demo.submit("first-use", 40, now() + timedelta(minutes=10))
         demo.watch(lambda: demo.final(first) is not None, 600)

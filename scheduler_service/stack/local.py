@@ -4,6 +4,8 @@ SQLite under the home folder (or the PostgreSQL database it is given), the
 process with its log under `<home>/logs`; with `ray`, the worker schedules a
 Ray cluster (one it is given, or a loopback one started here first).
 
+Its API asks every client for the stack's secret (secret.py).
+
 `elasticflow up` holds it open in the foreground and restarts the server or
 the worker when one exits (`supervisor.py`); `elasticflow demo` drives it.
 Leaving the context stops what the stack started, flow processes included, in
@@ -24,8 +26,10 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.training.identity import RANK_USER_ENV
 from flows.training.orders import free_port  # noqa: F401  # the stack's ports: callers import it from here
 from flows.training.ray_nodes import RAY_ADDRESS_ENV, RAY_LOOPBACK_ENV
+from scheduler_service.stack import secret
 from scheduler_service.stack.groups import Group, groups_of, start_time, stop_groups
 from scheduler_service.stack.supervisor import PRIVATE_UMASK, Supervised
 
@@ -42,6 +46,7 @@ class LocalStack:
     server: Supervised
     worker: Supervised
     ray_cluster: Supervised | None = None  # `--ray local:NxG`
+    client_env: Path | None = None  # the settings a user's client needs (secret.py)
 
     def supervise(self) -> list[str]:
         """Restart the server or the worker if it exited (after its backoff);
@@ -123,26 +128,39 @@ def database_url(url: str) -> str:
 @contextmanager
 def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
                 models: tuple[str, ...] | None = None, schedules: bool = True,
-                database: str | None = None, ray: str | None = None) -> Iterator[LocalStack]:
+                database: str | None = None, ray: str | None = None,
+                rank_user: str | None = None) -> Iterator[LocalStack]:
     """Start the stack; `env` adds settings for the worker (e.g. the slot length);
     `schedules=False` deploys `pipeline/daily` with its schedule paused;
     `database` is the Prefect server's database URL (PostgreSQL), given to the
-    server alone. The calling process gets PREFECT_API_URL etc. too, so it can
-    submit runs."""
+    server alone; `rank_user`, the account the ranks run as (rank_account.py;
+    None: ELASTICFLOW_RANK_USER as the environment has it). The calling
+    process gets PREFECT_API_URL etc. too, so it can submit runs."""
     import asyncio
 
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings
+    import prefect.context
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+        temporary_settings,
+    )
 
     from scheduler_service.stack.deployments import MODELS, deploy, deploy_pipeline, ensure_pool
 
-    settings = {**stack_env(home, port), **(env or {})}
-    os.environ.update(settings)
     umask = os.umask(PRIVATE_UMASK)  # the deploy log, the store's first tables...: private, as the children's
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     home.chmod(0o700)
+    auth = secret.api_auth_string(home)
+    # Every client of the stack (the worker, its flow processes, this process)
+    # authenticates; the server alone checks.
+    settings = {**stack_env(home, port), secret.CLIENT_AUTH_ENV: auth, **(env or {})}
+    if rank_user is not None:
+        settings[RANK_USER_ENV] = rank_user
+    os.environ.update(settings)
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-    server_env = dict(settings)
+    server_env = {**settings, secret.SERVER_AUTH_ENV: auth}
     if database:
         server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url(database)
     ray_cluster = _ray_cluster(ray, settings, home, logs)
@@ -152,19 +170,22 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     try:
         server.start()
         assert server.process is not None
-        wait_healthy(settings["PREFECT_API_URL"], server.process)
+        wait_healthy(settings["PREFECT_API_URL"], server.process, 240.0)  # over a minute on two busy cores
         # This process's Prefect settings may predate the environment set above: for
         # as long as the stack runs, its clients (the demo's submissions) talk to
         # the stack's server; without this, the demo started a temporary one.
         with temporary_settings(updates={PREFECT_API_URL: settings["PREFECT_API_URL"],
-                                         PREFECT_SERVER_EPHEMERAL_ENABLED: False}):
+                                         PREFECT_API_AUTH_STRING: auth, PREFECT_SERVER_EPHEMERAL_ENABLED: False}), \
+                prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            # (and for threads that start from the process-wide context, as Prefect's test harness does)
             asyncio.run(ensure_pool(POOL))
             worker.start()  # boots meanwhile
             with open(logs / "deploy.log", "a") as log, redirect_stdout(log):  # Prefect prints a table per deploy
                 deployed = deploy(POOL, models or MODELS)
                 deployed["pipeline/daily"] = deploy_pipeline(POOL, paused=not schedules)
+            client_env = secret.client_env_file(home, settings["PREFECT_API_URL"], auth)
             yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
-                             server, worker, ray_cluster)
+                             server, worker, ray_cluster, client_env)
     finally:
         worker.stop()
         # flow runs still going: they checkpoint and stop
@@ -191,8 +212,12 @@ def _ray_cluster(ray: str | None, settings: dict[str, str], home: Path, logs: Pa
     parse_local(ray)  # a bad spec fails here, before anything starts
     address_file = home / "ray-address"
     address_file.unlink(missing_ok=True)
-    cluster = Supervised("local Ray cluster", [ray, str(address_file)], {**settings, RAY_LOOPBACK_ENV: "0"},
-                         logs / "ray.log", home, module="scheduler_service.stack.ray_local", restart=False)
+    # Rank actors run users' code in processes the Ray nodes start: not with the API's secret.
+    unset = (secret.CLIENT_AUTH_ENV, secret.SERVER_AUTH_ENV)
+    cluster = Supervised("local Ray cluster", [ray, str(address_file)],
+                         {k: v for k, v in {**settings, RAY_LOOPBACK_ENV: "0"}.items() if k not in unset},
+                         logs / "ray.log", home, module="scheduler_service.stack.ray_local", restart=False,
+                         unset=unset)
     cluster.start()
     assert cluster.process is not None
     give_up = time.monotonic() + 180

@@ -54,11 +54,13 @@ class Supervised:
     stopped: bool = False  # by the stack: not to be restarted
     module: str = "prefect"
     restart: bool = True  # False: an exit is reported, not mended (a local Ray cluster's address would change)
+    unset: tuple[str, ...] = ()  # variables of this process's environment the child must not get
 
     def start(self) -> None:
         with open(self.log, "ab", opener=lambda name, flags: os.open(name, flags, 0o600)) as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args], env={**os.environ, **self.env}, stdout=log,
+                [sys.executable, "-m", self.module, *self.args],
+                env={k: v for k, v in {**os.environ, **self.env}.items() if k not in self.unset}, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=_child_setup,
             )

@@ -71,6 +71,10 @@ class WorkerSettings(BaseSettings):
     publish_concurrency: int = _setting(
         16, "Prefect API requests in flight when a burst of decisions is published (more on PostgreSQL)", "16",
         ge=1, le=256)
+    lease_s: float = _setting(
+        30.0, "one worker per pool: a worker's lease on its pool, renewed every third of this, is taken over by "
+        "another worker this long after its last renewal (at once if its process is gone from this host)", "30",
+        ge=3)
     profile_iterations: int = _setting(8, "iterations measured per GPU count when a model is profiled on first use",
                                        "8", ge=3)
     profile_timeout_s: float = _setting(
@@ -109,16 +113,10 @@ class WorkerSettings(BaseSettings):
 
         if not name or not name.strip():
             return None
-        wanted = "an unprivileged user the stack can switch to and who can read Python and the project"
-        try:
-            check_user(name.strip())
-        except ValueError as exc:
-            raise ValueError(f"{wanted} ({str(exc).split(': ', 1)[1]})") from None
-        for needed in (Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]):
-            blocker = unreachable(needed / "lib")
-            if blocker is not None:
-                raise ValueError(f"{wanted} ({blocker} keeps that user from {needed}: install Python and the "
-                                 "project where it can read them)")
+        problem = rank_user_problem(name.strip())
+        if problem is not None:
+            raise ValueError("an unprivileged user the stack can switch to and who can read Python and the project "
+                             f"({problem})")
         return name.strip()
 
     @field_validator("rank_gids")
@@ -192,6 +190,22 @@ class WorkerSettings(BaseSettings):
     @property
     def schemes(self) -> frozenset[str]:
         return frozenset(s.strip() for s in self.storage_schemes.split(",") if s.strip())
+
+
+def rank_user_problem(name: str) -> str | None:
+    """Why ranks cannot run as `name` here (None: they can): no such user,
+    root, a stack not root, or Python or the project out of that user's reach."""
+    from flows.training.identity import check_user, unreachable
+
+    try:
+        check_user(name)
+    except ValueError as exc:
+        return str(exc).split(": ", 1)[1]
+    for needed in (Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]):
+        blocker = unreachable(needed / "lib")
+        if blocker is not None:
+            return f"{blocker} keeps that user from {needed}: install Python and the project where it can read them"
+    return None
 
 
 def _accepts(error: dict[str, Any]) -> str:

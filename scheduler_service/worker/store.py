@@ -5,7 +5,8 @@ SQLite under `$ELASTICFLOW_HOME` by default, any SQLAlchemy URL via
 - `ef_job`: one row per flow run the service has seen, with its current state;
 - `ef_decision`: every admission decision, with the reason and the earliest
   feasible deadline of a rejection;
-- `ef_allocation`: every change of a run's GPU set (launch, rescale, park, release).
+- `ef_allocation`: every change of a run's GPU set (launch, rescale, park, release);
+- `ef_lease`: which worker holds a pool (lease.py): one worker per pool.
 """
 
 from __future__ import annotations
@@ -81,6 +82,24 @@ class StartRecord(SQLModel, table=True):
     flow_run_id: str
     at: datetime = Field(default_factory=_now)
     took_s: float
+
+
+class LeaseRecord(SQLModel, table=True):
+    """The worker that holds a pool: who (host, pid and that process's start
+    time, which tells it from a later process with the same pid), since when,
+    and its last heartbeat. `holder` is a token new at each take, `beats`
+    counts renewals: a take-over is a compare-and-swap on both (lease.py)."""
+
+    __tablename__ = "ef_lease"
+
+    pool: str = Field(primary_key=True)
+    holder: str
+    host: str
+    pid: int
+    pid_started: int | None = None
+    since: datetime = Field(default_factory=_now)
+    renewed_at: datetime = Field(default_factory=_now)
+    beats: int = 0
 
 
 class ServiceStore:

@@ -15,6 +15,8 @@ Prefect's private worker methods are used only through prefect_api.py.
 from __future__ import annotations
 
 import base64
+import os
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -41,6 +43,7 @@ from scheduler_service.worker.configuration import (
     ElasticFlowWorkerResult,
 )
 from scheduler_service.worker.execute import Applied, Executor
+from scheduler_service.worker.lease import PoolLease
 from scheduler_service.worker.membership import follow
 from scheduler_service.worker.prefect_api import runs_task_group, scheduled_runs, submit, synced
 from scheduler_service.worker.profiling import Profiler, measure_where_runs_train
@@ -99,6 +102,7 @@ class ElasticFlowWorker(ProcessWorker):
         self.executor: Executor = None  # type: ignore[assignment]
         self.watch: PrefectWatch = None  # type: ignore[assignment]
         self.take_in: TakeIn = None  # type: ignore[assignment]
+        self.lease: PoolLease | None = None  # taken in setup: one worker per pool
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self, *args: Any, **kwargs: Any) -> None:
@@ -106,13 +110,25 @@ class ElasticFlowWorker(ProcessWorker):
             await super().start(*args, **kwargs)
 
     async def setup(self) -> None:
-        import importlib
-        import os
-
         os.umask(0o077)  # the store, control channels and logs it creates are the service's alone
         one_line_logs(self._logger)  # no run's name or message forges a line of worker.log (text.py)
+        store = ServiceStore()
+        self.lease = PoolLease(store.engine, self._work_pool_name, self.settings.lease_s)
+        taken_over = self.lease.take()  # before anything of the pool is touched: PoolHeld names its holder
+        try:
+            await self._set_up(store)
+        except BaseException:
+            self.lease.release()
+            raise
+        if taken_over:
+            self._logger.warning(taken_over)
+        self.lease.keep(on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))  # Prefect's worker stops cleanly
+
+    async def _set_up(self, store: ServiceStore) -> None:
+        import importlib
+
         await super().setup()
-        self.connect(ServiceStore(), Publisher(self.client, lambda: self._event_related_resources(include_self=True)),
+        self.connect(store, Publisher(self.client, lambda: self._event_related_resources(include_self=True)),
                      self.client)
         settings, restart_s = self.settings, self.loop.policy.clock.overhead(1)
         self._logger.info("ElasticFlow scheduler: %s (%s), policy %s, slot %.1f s, %s backend",
@@ -164,6 +180,8 @@ class ElasticFlowWorker(ProcessWorker):
         self.profiler.close()
         self.backend.close()
         await super().teardown(*exc_info)
+        if self.lease is not None:  # last: the next worker may take the pool once this one is done with it
+            self.lease.release()
 
     # -- the poll: take in, tell the loop, act -----------------------------------
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import MLP_CURVE, ROOT, stack_settings, wait_until
+from tests.stack import MLP_CURVE, ROOT, rank_user_args, stack_settings, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -125,14 +125,18 @@ def _submit(iterations: int) -> str:
 def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from scheduler_service.stack.local import free_port, stack_env
+    from scheduler_service.stack.secret import api_auth_string
     from scheduler_service.store import save_curve
 
     home, port = tmp_path / "home", free_port()
+    home.mkdir(mode=0o700)
+    auth = api_auth_string(home)  # what each `up` of this home makes the API ask for
     settings = {k: v for k, v in stack_settings(tmp_path).items() if k != "ELASTICFLOW_CLUSTER"}
     settings["ELASTICFLOW_CPU_SLOTS"] = "8"
+    settings["PREFECT_API_AUTH_STRING"] = auth
     environment = {**os.environ, **stack_env(home, port), **settings}
     for key, value in {**stack_env(home, port), **settings}.items():
         monkeypatch.setenv(key, value)
@@ -140,7 +144,8 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-c", "from scheduler_service.cli import main; main()", "up",
-                                 "--home", str(home), "--port", str(port)], env=environment, cwd=ROOT,
+                                 "--home", str(home), "--port", str(port), *rank_user_args(home)],
+                                env=environment, cwd=ROOT,
                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
     worker_log = home / "logs" / "worker.log"
@@ -160,7 +165,7 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
     up = start()
     try:
         with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api",
-                                         PREFECT_HOME: home / "prefect"}):
+                                         PREFECT_API_AUTH_STRING: auth, PREFECT_HOME: home / "prefect"}):
             for stop in range(STOPS + 1):
                 started()
                 if stop == 0:

@@ -39,6 +39,43 @@ def _ranks(home: Path, run_id: str) -> list[int]:
             for pid in group.members() if pid != group.pgid]
 
 
+def _api_is_locked(stack: object, run_id: str) -> None:
+    """Issue 43: without the stack's secret the API answers 401 (a PATCH of a
+    deployment's job variables made every later run execute the caller's
+    code); with it, the API works. The worker and the flow process that is
+    training `run_id` got this far with it."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    from scheduler_service.stack.secret import api_auth_string
+
+    home, api_url = stack.home, stack.api_url  # type: ignore[attr-defined]
+    lines = dict(line.split("=", 1) for line in (home / "client.env").read_text().splitlines())
+    auth = api_auth_string(home)
+    assert lines == {"PREFECT_API_URL": api_url, "PREFECT_API_AUTH_STRING": auth}
+    deployment = stack.deployments["train/mlp"]  # type: ignore[attr-defined]
+
+    def call(method: str, path: str, body: bytes | None = None, secret: str | None = None) -> int:
+        request = urllib.request.Request(f"{api_url}{path}", data=body, method=method,
+                                         headers={"Content-Type": "application/json"})
+        if secret is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    evil = b'{"job_variables": {"env": {"PYTHONPATH": "/tmp/evil"}}}'
+    assert call("PATCH", f"/deployments/{deployment}", evil) == 401
+    assert call("PATCH", f"/deployments/{deployment}", evil, secret="elasticflow:guess") == 401
+    assert call("GET", f"/deployments/{deployment}") == 401
+    assert call("GET", f"/flow_runs/{run_id}") == 401
+    assert call("GET", f"/flow_runs/{run_id}", secret=auth) == 200
+    assert call("GET", "/health") == 200  # probes stay open
+
+
 def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_same_flow_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -68,14 +105,16 @@ def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_s
             run_id = str(run.id)
             wait_until(lambda: _iteration(home, run_id) > 0, 240, "the run to train")
 
+            _api_is_locked(stack, run_id)
             ranks = wait_until(lambda: _ranks(home, run_id), 30, "the run's ranks")
+            secrets = {"PGPASSWORD", "ELASTICFLOW_DATABASE_URL", "PREFECT_API_AUTH_STRING"}
             for pid in ranks:
                 seen = environ(pid)
-                assert not {"PGPASSWORD", "ELASTICFLOW_DATABASE_URL"} & set(seen), (pid, sorted(seen))
+                assert not secrets & set(seen), (pid, sorted(seen))
             from scheduler_service.stack.groups import groups_of
 
             (forkserver,) = [g.pgid for g in groups_of(home) if g.what == "fork server"]
-            assert not {"PGPASSWORD", "ELASTICFLOW_DATABASE_URL"} & set(environ(forkserver))  # what its forks start from
+            assert not secrets & set(environ(forkserver))  # what its forks start from
             sockets = listening(ranks)
             assert sockets and all(s.startswith("127.0.0.1:") for s in sockets), sockets
 

@@ -287,3 +287,22 @@ def test_a_run_that_ends_while_no_worker_watches_is_released_by_the_next_one(sta
     assert _allocations(stack, run_id)[-1] == ("release", "")
     with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
         assert session.get(RunRecord, run_id).status == "finished"  # type: ignore[union-attr]
+
+
+def test_a_second_worker_on_the_pool_refuses_to_start_naming_the_first(stack: Stack, tmp_path: Path) -> None:
+    """Two workers on one pool decided every run twice and trained more runs
+    than there were GPUs (issue 43): the second refuses, naming the first's
+    host, pid and since, and the first keeps its pool (a clean stop's
+    release, and take-overs: tests/service/test_lease.py)."""
+    import socket
+    import subprocess
+    import sys
+
+    log = tmp_path / "second.log"
+    second = subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpus"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, timeout=120)
+    said = log.read_text(errors="replace")
+    assert second.returncode != 0, said
+    assert "work pool 'gpus' is held by another ElasticFlow worker" in said, said
+    assert f"host {socket.gethostname()}, pid {stack.worker.pid}, since " in said, said
+    assert stack.worker.poll() is None  # the first goes on

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
+from flows.training.pause import PAUSED_STATE
 from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, StateName, outcome_of
 from scheduler_service.loop.events import Adopted
 from scheduler_service.worker.channels import trained_at
@@ -40,6 +41,7 @@ class Found:
     scheduled: bool
     ended_at: datetime | None = None
     control_dir: str | None = None
+    paused: bool = False  # it checkpointed and went back to the queue when the stack stopped (pause.py)
 
 
 def found_in(flow_run: Any | None) -> Found:
@@ -49,7 +51,8 @@ def found_in(flow_run: Any | None) -> Found:
                      ended_at=state.timestamp if state is not None else None)
     return Found(final=False, running=state.is_running() or state.is_pending() or state.is_cancelling(),
                  cancelling=state.is_cancelling(), scheduled=state.is_scheduled(),
-                 control_dir=(flow_run.parameters or {}).get("control_dir"))
+                 control_dir=(flow_run.parameters or {}).get("control_dir"),
+                 paused=state.is_scheduled() and state.name == PAUSED_STATE)
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
@@ -110,7 +113,7 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
                 continue
             found, phase = await _resume(client, store, row), RunPhase.ADMITTED
         elif found.scheduled and phase == RunPhase.RUNNING:
-            phase = _never_started(store, row)
+            phase = _never_started(store, row, found.paused)
         if not found.running and not (found.scheduled and phase == RunPhase.ADMITTED):
             store.upsert_job(row.flow_run_id, RunPhase.ARRIVED)
             continue  # not decided yet: taken in again by the next poll
@@ -240,14 +243,19 @@ def _released(store: ServiceStore, run_id: str, at: datetime) -> None:
     store.add(AllocationRecord(flow_run_id=run_id, action=AllocationAction.RELEASE.value, gpus="", at=at))
 
 
-def _never_started(store: ServiceStore, row: RunRecord) -> RunPhase:
-    """Launched in the store, still Scheduled in Prefect: the worker died
-    between recording the launch and Prefect's Pending, so no process ever
-    started (Prefect starts one only after Pending). The run keeps its
-    decision (deciding it again would record a second one, with a guarantee
-    the first did not promise) and waits for GPUs; the ones the launch took
-    are released."""
-    log.info("flow run %s was launched but never started; it waits for GPUs again", row.flow_run_id)
+def _never_started(store: ServiceStore, row: RunRecord, paused: bool = False) -> RunPhase:
+    """Launched in the store, Scheduled in Prefect: the worker died between
+    recording the launch and Prefect's Pending, so no process ever started
+    (Prefect starts one only after Pending); or the run paused when the
+    stack stopped (`paused`: it checkpointed and went back to the queue). The
+    run keeps its decision (deciding it again would record a second one, with
+    a guarantee the first did not promise; the loop re-plans it with the time
+    lost) and waits for GPUs; the ones it held are released."""
+    if paused:
+        log.warning("flow run %s paused when the stack stopped; it goes on from its last checkpoint",
+                    row.flow_run_id)
+    else:
+        log.info("flow run %s was launched but never started; it waits for GPUs again", row.flow_run_id)
     _released(store, row.flow_run_id, datetime.now(timezone.utc))
     store.upsert_job(row.flow_run_id, RunPhase.ADMITTED, gpus="")
     return RunPhase.ADMITTED

@@ -175,6 +175,8 @@ def watch_client(client_pid: int) -> None:
 
     def wait() -> None:
         select.select([fd], [], [])
+        if stack_stopping():  # the stack signals this process's group itself, and it pauses (pause.py)
+            return
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, name="elasticflow-client-watch", daemon=True).start()

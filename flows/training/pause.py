@@ -33,8 +33,21 @@ def mark_stopping(home: Path) -> None:
 
 
 def clear_stopping(home: Path) -> None:
-    """At a start: runs of this life end as their own story says."""
-    stopping_mark(home).unlink(missing_ok=True)
+    """At a start: runs of this life end as their own story says. When the
+    last stop began is kept (`stopped_at`) for the next worker's recovery."""
+    mark = stopping_mark(home)
+    if mark.exists():
+        os.replace(mark, mark.with_name("stopped"))
+
+
+def stopped_at(home: Path | str) -> float | None:
+    """When the last stop of the stack at `home` began (epoch seconds), if it ever stopped."""
+    for name in ("stopping", "stopped"):
+        try:
+            return float((Path(home) / "run" / name).read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
 
 
 def stack_stopping(home: Path | str | None = None) -> bool:

@@ -172,7 +172,10 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
                              server, worker, ray_cluster)
     finally:
         mark_stopping(home)  # a stop is a pause: every run checkpoints and waits for the next start (pause.py)
-        worker.stop()
+        # Not Prefect's graceful shutdown: it kills the flow processes it launched (their boot relays
+        # SIGKILLed at once, and each warm flow process with its relay), and a stop is a pause. What the
+        # worker had not told Prefect yet, the next start's recovery settles from the store, as after a crash.
+        worker.stop(interrupt=False)
         # flow runs still going: they checkpoint and stop, paused
         stop_processes_of(home, grace_s=PAUSE_GRACE_S,
                           keep=tuple(p.process.pid for p in (server, ray_cluster) if p and p.process))

@@ -80,12 +80,15 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
 
 
 async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
-                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = (), teams: bool = False
-                  ) -> list[tuple[ServiceRun, Adopted]]:
+                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = (), teams: bool = False,
+                  stopped_at: float | None = None) -> list[tuple[ServiceRun, Adopted]]:
     """The runs to adopt; the store is brought up to date for the rest.
     `alive(infrastructure_id, run_id)` says whether a run's process is really
     there: Prefect still says `Running` of a run whose process died with the
-    machine or the stack."""
+    machine or the stack. `stopped_at`: when the last stop of the stack
+    began (pause.py): an admitted run that crashed since was ended by the
+    stop (a signal that landed before its flow could pause), not by itself,
+    and goes on from its checkpoint."""
     from prefect.exceptions import ObjectNotFound
 
     from scheduler_service.store import get_curves
@@ -97,16 +100,21 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
             flow_run = await client.read_flow_run(UUID(row.flow_run_id))
         except ObjectNotFound:
             flow_run = None
-        found = found_in(flow_run)
+        found, phase = found_in(flow_run), RunPhase(row.status)
+        if found.final and _crashed_by_stop(row, flow_run, stopped_at):
+            if (trained_at := finished_training(row, found, control_root)) is not None:
+                await _completed(client, store, row, found, control_root, trained_at)
+                continue
+            found, phase = await _resume(client, store, row, "it crashed when the stack stopped under it; it "
+                                                             "continues from its last checkpoint"), RunPhase.ADMITTED
         if found.final:
             store.upsert_job(row.flow_run_id, RunPhase.FINISHED, gpus="",
                              outcome=settled(row, flow_run, found, control_root).value)
             if row.status == RunPhase.RUNNING:  # it ended while no worker watched: its GPUs went with it
                 _released(store, row.flow_run_id, found.ended_at or datetime.now(timezone.utc))
             continue
-        if row.status in (RunPhase.ARRIVED, RunPhase.PROFILING):
+        if phase in (RunPhase.ARRIVED, RunPhase.PROFILING):
             continue  # not decided yet: taken in again by the next poll
-        phase = RunPhase(row.status)
         if found.running and not found.cancelling and not alive(flow_run.infrastructure_pid, row.flow_run_id):
             if (trained_at := finished_training(row, found, control_root)) is not None:
                 await _completed(client, store, row, found, control_root, trained_at)
@@ -261,13 +269,20 @@ def _never_started(store: ServiceStore, row: RunRecord, paused: bool = False) ->
     return RunPhase.ADMITTED
 
 
-async def _resume(client: Any, store: ServiceStore, row: RunRecord) -> Found:
+def _crashed_by_stop(row: RunRecord, flow_run: Any | None, stopped_at: float | None) -> bool:
+    """An admitted run that ended Crashed after the last stop of the stack began."""
+    state = flow_run.state if flow_run is not None else None
+    return (stopped_at is not None and state is not None and state.is_crashed()
+            and row.status in (RunPhase.ADMITTED, RunPhase.RUNNING) and state.timestamp.timestamp() >= stopped_at)
+
+
+async def _resume(client: Any, store: ServiceStore, row: RunRecord, message: str = (
+        "its process was gone when the worker restarted; it continues from its last checkpoint")) -> Found:
     """A run Prefect says is running whose process is gone: its GPUs are free,
     and it goes back to the queue as an admitted run, to continue from its
     last checkpoint in the same flow run when it gets GPUs again."""
     from prefect.states import Scheduled
 
-    message = "its process was gone when the worker restarted; it continues from its last checkpoint"
     try:
         await client.set_flow_run_state(UUID(row.flow_run_id), Scheduled(name="Resuming", message=message),
                                         force=True)

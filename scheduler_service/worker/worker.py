@@ -24,7 +24,7 @@ from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 from prefect.workers.process import ProcessWorker
 
 from flows.training.launch import LaunchSpec
-from flows.training.pause import stack_stopping
+from flows.training.pause import stack_stopping, stopped_at
 from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
@@ -147,7 +147,8 @@ class ElasticFlowWorker(ProcessWorker):
         self.recall_starts(now)  # before any run is planned again
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
                                         self.cluster.topology.max_job_gpus, now, self.backend.alive,
-                                        kinds_of(self.cluster.topology), self.settings.teams is not None):
+                                        kinds_of(self.cluster.topology), self.settings.teams is not None,
+                                        stopped_at(self.settings.home)):
             self.registry.add(run)
             await self.executor.apply(self.loop.handle(event, now), now)
             where = f"on GPUs {','.join(map(str, event.held))}" if event.running else "still waiting for GPUs"

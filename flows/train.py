@@ -9,18 +9,22 @@ docs/training.md), never through database credentials.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import uuid
 from datetime import datetime
 from typing import Any, Callable
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import Pause, TerminationSignal
 from prefect.runtime import flow_run
 
-from flows.training.control import FileControlChannel
+from flows.training.control import FileControlChannel, default_control_root
 from flows.training.launch import LaunchSpec
 from flows.training.params import TrainParameters
+from flows.training.pause import PAUSED_STATE, stack_stopping
 from flows.training.prefect_progress import PrefectProgress
 from flows.training.runtime import TrainResult, run_training
 from flows.training.segment import SegmentResult
@@ -44,11 +48,37 @@ def train_segment(launch: Callable[[], SegmentResult]) -> SegmentResult:
     return result
 
 
+log = logging.getLogger("elasticflow.train")
+PAUSE_TELL_S = 20.0  # how long a pausing run tries to tell Prefect (a server restarting under a stop)
+
+
 def _as_task(launch: Callable[[], SegmentResult], name: str) -> SegmentResult:
+    """The segment as a Prefect task; without one while Prefect cannot be
+    reached. Prefect is a window onto training: a server that is down (killed,
+    restarting) when a segment starts or ends must not end the run (issue 43:
+    an admitted run crashed on an HTTP error while its server restarted)."""
+    ran: list[SegmentResult] = []
+    started = False
+
+    def once() -> SegmentResult:
+        nonlocal started
+        started = True
+        ran.append(launch())
+        return ran[-1]
+
     try:
-        return train_segment.with_options(task_run_name=name)(launch)
+        return train_segment.with_options(task_run_name=name)(once)
     except SegmentCrashed as crashed:
         return crashed.result
+    except Exception as exc:
+        if started and not ran:  # the launch itself failed: not Prefect's bookkeeping
+            raise
+        if ran:  # Prefect's calls after the segment (its task run's end): the segment is done all the same
+            log.warning("Prefect could not be told how segment %s ended (%s); training goes on", name, exc)
+            return ran[-1]
+        # Prefect's calls before it (an HTTP error, "Failed to reach API"): nothing of the run ran yet
+        log.warning("Prefect cannot be reached (%s): segment %s runs without a task run", exc, name)
+        return once()
 
 
 def _forward_runtime_logs() -> None:
@@ -123,7 +153,13 @@ def train(
         )
         return PrefectProgress(run_key, total, params.deadline, channel, flow_run_id=run_key)
 
-    result = run_training(params, run_key, wrap_segment=_as_task, tracker_factory=tracker)
+    try:
+        result = run_training(params, run_key, wrap_segment=_as_task, tracker_factory=tracker)
+    except TerminationSignal:
+        pause = _paused(run_key, params.control_dir) if stack_stopping() else None
+        if pause is None:
+            raise  # a cancellation, an operator's kill: as Prefect's engine says
+        raise pause from None
     logger.info(
         "training %s after %d/%d iterations, %d rescales, %d restarts",
         result.status,
@@ -133,6 +169,40 @@ def train(
         result.restarts,
     )
     return result
+
+
+def _paused(run_key: str, control_dir: str | None) -> Pause | None:
+    """The stack stopped under this run, and its ranks have checkpointed:
+    the run goes back to the queue in the same flow run (Scheduled,
+    `Resuming`, a state the next worker's recovery picks up) rather than
+    end Crashed. A run that is being cancelled stays cancelled. If Prefect
+    cannot be told in time, the run stays Running and the next worker, which
+    finds its process gone, resumes it the same way (recovery.py)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    channel = FileControlChannel(run_key, control_dir or default_control_root())
+    status = channel.status()
+    reached = status.iteration if status is not None else 0
+    message = (f"paused at iteration {reached}: the service stopped; it goes on from its last checkpoint "
+               f"when the service is back")
+    give_up = time.monotonic() + PAUSE_TELL_S
+    while True:
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(run_key).state  # type: ignore[arg-type]
+                if state is not None and (state.is_cancelling() or state.is_final()):
+                    return None  # cancelled (or ended) meanwhile: not a pause
+                told = client.set_flow_run_state(run_key, Scheduled(name=PAUSED_STATE, message=message),  # type: ignore[arg-type]
+                                                 force=True)
+            log.warning("flow run %s %s", run_key, message)
+            return Pause(message, state=told.state)
+        except Exception as exc:
+            if time.monotonic() > give_up:
+                log.warning("flow run %s paused at iteration %d; Prefect could not be told (%s)", run_key,
+                            reached, exc)
+                return Pause(message)
+            time.sleep(1.0)
 
 
 if __name__ == "__main__":

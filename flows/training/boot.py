@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from flows.training.pause import stack_stopping
+
 FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
 WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
@@ -150,6 +152,8 @@ def run_warm(path: str) -> int | None:
         pidfd = None
 
     def relay(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM and stack_stopping():
+            return  # the stack signals the flow process's own group: a second SIGTERM would cut its checkpoint short
         try:
             if pidfd is not None:
                 signal.pidfd_send_signal(pidfd, signum)
@@ -191,6 +195,8 @@ def watch_client(client_pid: int) -> None:
 
     def wait() -> None:
         select.select([fd], [], [])
+        if stack_stopping():  # the stack signals this process's group itself, and it pauses (pause.py)
+            return
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, name="elasticflow-client-watch", daemon=True).start()

@@ -42,6 +42,7 @@ class Problem(str, Enum):
     OUTLIVED = "outlived"  # a process of an ended run still alive
     MISSED = "missed"  # an admitted deadline run missed it, and no fault is known to have cost it
     TRAINED_BUT_FAILED = "trained_but_failed"  # its rank 0 reported every iteration, its outcome says failed
+    FAILED = "failed"  # ended failed or crashed, not cancelled, and no fault it could not survive explains it
 
 
 class Violation(BaseModel):

@@ -28,12 +28,16 @@ from pathlib import Path
 
 from flows.training.identity import RANK_USER_ENV
 from flows.training.orders import free_port  # noqa: F401  # the stack's ports: callers import it from here
+from flows.training.pause import clear_stopping, mark_stopping
 from flows.training.ray_nodes import RAY_ADDRESS_ENV, RAY_LOOPBACK_ENV
 from scheduler_service.stack import secret
 from scheduler_service.stack.groups import Group, groups_of, start_time, stop_groups
 from scheduler_service.stack.supervisor import PRIVATE_UMASK, Supervised
 
 POOL = "gpus"
+# ~10 s on an idle machine; on two cores shared by several stacks, 90 s was passed (and `up` gave up)
+SERVER_START_S = 240.0
+PAUSE_GRACE_S = 40.0  # a stop: each run's ranks checkpoint (up to 30 s) and it tells Prefect it paused
 
 
 @dataclass(frozen=True)
@@ -167,10 +171,11 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
     server = Supervised("server", ["server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env,
                         logs / "server.log", home)
     worker = Supervised("worker", ["worker", "start", "--pool", POOL], settings, logs / "worker.log", home)
+    clear_stopping(home)  # runs of this life end as they end, until this stack stops
     try:
         server.start()
         assert server.process is not None
-        wait_healthy(settings["PREFECT_API_URL"], server.process, 240.0)  # over a minute on two busy cores
+        wait_healthy(settings["PREFECT_API_URL"], server.process, timeout_s=SERVER_START_S)
         # This process's Prefect settings may predate the environment set above: for
         # as long as the stack runs, its clients (the demo's submissions) talk to
         # the stack's server; without this, the demo started a temporary one.
@@ -187,9 +192,14 @@ def local_stack(home: Path, port: int, env: dict[str, str] | None = None,
             yield LocalStack(home, settings["PREFECT_API_URL"], f"http://127.0.0.1:{port}", logs, deployed,
                              server, worker, ray_cluster, client_env)
     finally:
-        worker.stop()
-        # flow runs still going: they checkpoint and stop
-        stop_processes_of(home, keep=tuple(p.process.pid for p in (server, ray_cluster) if p and p.process))
+        mark_stopping(home)  # a stop is a pause: every run checkpoints and waits for the next start (pause.py)
+        # Not Prefect's graceful shutdown: it kills the flow processes it launched (their boot relays
+        # SIGKILLed at once, and each warm flow process with its relay), and a stop is a pause. What the
+        # worker had not told Prefect yet, the next start's recovery settles from the store, as after a crash.
+        worker.stop(interrupt=False)
+        # flow runs still going: they checkpoint and stop, paused
+        stop_processes_of(home, grace_s=PAUSE_GRACE_S,
+                          keep=tuple(p.process.pid for p in (server, ray_cluster) if p and p.process))
         server.stop(grace_s=8.0)
         if ray_cluster is not None:
             ray_cluster.stop(grace_s=15.0)

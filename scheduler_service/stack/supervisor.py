@@ -102,16 +102,17 @@ class Supervised:
         if self.group is not None:
             stop_groups([self.group], grace_s=0.0, first=signal.SIGKILL)
 
-    def stop(self, grace_s: float = 5.0) -> None:
+    def stop(self, grace_s: float = 5.0, interrupt: bool = True) -> None:
         """SIGINT first (a clean exit), then after `grace_s` the group is
         SIGKILLed: flow runs are in their own groups and the stack stops them
         itself. Not a longer wait: Prefect's worker takes a first SIGINT as
         "cancel every flow run I wait on", giving each 30 s before SIGKILL, and
-        its SIGTERM handler only sends itself that SIGINT."""
+        its SIGTERM handler only sends itself that SIGINT. `interrupt=False`:
+        no SIGINT, the SIGKILL at once (a worker whose runs must live on)."""
         self.restart_at, self.stopped = None, True
         if self.process is None or self.group is None:
             return
-        if self.group.signal(signal.SIGINT):
+        if interrupt and self.group.signal(signal.SIGINT):
             try:
                 self.process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:

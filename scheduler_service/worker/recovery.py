@@ -17,6 +17,7 @@ from typing import Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
+from flows.training.pause import PAUSED_STATE
 from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, StateName, outcome_of
 from scheduler_service.loop.events import Adopted
 from scheduler_service.worker.channels import trained_at
@@ -40,6 +41,7 @@ class Found:
     scheduled: bool
     ended_at: datetime | None = None
     control_dir: str | None = None
+    paused: bool = False  # it checkpointed and went back to the queue when the stack stopped (pause.py)
 
 
 def found_in(flow_run: Any | None) -> Found:
@@ -49,7 +51,8 @@ def found_in(flow_run: Any | None) -> Found:
                      ended_at=state.timestamp if state is not None else None)
     return Found(final=False, running=state.is_running() or state.is_pending() or state.is_cancelling(),
                  cancelling=state.is_cancelling(), scheduled=state.is_scheduled(),
-                 control_dir=(flow_run.parameters or {}).get("control_dir"))
+                 control_dir=(flow_run.parameters or {}).get("control_dir"),
+                 paused=state.is_scheduled() and state.name == PAUSED_STATE)
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
@@ -77,12 +80,15 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
 
 
 async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
-                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = (), teams: bool = False
-                  ) -> list[tuple[ServiceRun, Adopted]]:
+                  alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = (), teams: bool = False,
+                  stopped_at: float | None = None) -> list[tuple[ServiceRun, Adopted]]:
     """The runs to adopt; the store is brought up to date for the rest.
     `alive(infrastructure_id, run_id)` says whether a run's process is really
     there: Prefect still says `Running` of a run whose process died with the
-    machine or the stack."""
+    machine or the stack. `stopped_at`: when the last stop of the stack
+    began (pause.py): an admitted run that crashed since was ended by the
+    stop (a signal that landed before its flow could pause), not by itself,
+    and goes on from its checkpoint."""
     from prefect.exceptions import ObjectNotFound
 
     from scheduler_service.store import get_curves
@@ -94,23 +100,28 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
             flow_run = await client.read_flow_run(UUID(row.flow_run_id))
         except ObjectNotFound:
             flow_run = None
-        found = found_in(flow_run)
+        found, phase = found_in(flow_run), RunPhase(row.status)
+        if found.final and _crashed_by_stop(row, flow_run, stopped_at):
+            if (trained_at := finished_training(row, found, control_root)) is not None:
+                await _completed(client, store, row, found, control_root, trained_at)
+                continue
+            found, phase = await _resume(client, store, row, "it crashed when the stack stopped under it; it "
+                                                             "continues from its last checkpoint"), RunPhase.ADMITTED
         if found.final:
             store.upsert_job(row.flow_run_id, RunPhase.FINISHED, gpus="",
                              outcome=settled(row, flow_run, found, control_root).value)
             if row.status == RunPhase.RUNNING:  # it ended while no worker watched: its GPUs went with it
                 _released(store, row.flow_run_id, found.ended_at or datetime.now(timezone.utc))
             continue
-        if row.status in (RunPhase.ARRIVED, RunPhase.PROFILING):
+        if phase in (RunPhase.ARRIVED, RunPhase.PROFILING):
             continue  # not decided yet: taken in again by the next poll
-        phase = RunPhase(row.status)
         if found.running and not found.cancelling and not alive(flow_run.infrastructure_pid, row.flow_run_id):
             if (trained_at := finished_training(row, found, control_root)) is not None:
                 await _completed(client, store, row, found, control_root, trained_at)
                 continue
             found, phase = await _resume(client, store, row), RunPhase.ADMITTED
         elif found.scheduled and phase == RunPhase.RUNNING:
-            phase = _never_started(store, row)
+            phase = _never_started(store, row, found.paused)
         if not found.running and not (found.scheduled and phase == RunPhase.ADMITTED):
             store.upsert_job(row.flow_run_id, RunPhase.ARRIVED)
             continue  # not decided yet: taken in again by the next poll
@@ -240,26 +251,38 @@ def _released(store: ServiceStore, run_id: str, at: datetime) -> None:
     store.add(AllocationRecord(flow_run_id=run_id, action=AllocationAction.RELEASE.value, gpus="", at=at))
 
 
-def _never_started(store: ServiceStore, row: RunRecord) -> RunPhase:
-    """Launched in the store, still Scheduled in Prefect: the worker died
-    between recording the launch and Prefect's Pending, so no process ever
-    started (Prefect starts one only after Pending). The run keeps its
-    decision (deciding it again would record a second one, with a guarantee
-    the first did not promise) and waits for GPUs; the ones the launch took
-    are released."""
-    log.info("flow run %s was launched but never started; it waits for GPUs again", row.flow_run_id)
+def _never_started(store: ServiceStore, row: RunRecord, paused: bool = False) -> RunPhase:
+    """Launched in the store, Scheduled in Prefect: the worker died between
+    recording the launch and Prefect's Pending, so no process ever started
+    (Prefect starts one only after Pending); or the run paused when the
+    stack stopped (`paused`: it checkpointed and went back to the queue). The
+    run keeps its decision (deciding it again would record a second one, with
+    a guarantee the first did not promise; the loop re-plans it with the time
+    lost) and waits for GPUs; the ones it held are released."""
+    if paused:
+        log.warning("flow run %s paused when the stack stopped; it goes on from its last checkpoint",
+                    row.flow_run_id)
+    else:
+        log.info("flow run %s was launched but never started; it waits for GPUs again", row.flow_run_id)
     _released(store, row.flow_run_id, datetime.now(timezone.utc))
     store.upsert_job(row.flow_run_id, RunPhase.ADMITTED, gpus="")
     return RunPhase.ADMITTED
 
 
-async def _resume(client: Any, store: ServiceStore, row: RunRecord) -> Found:
+def _crashed_by_stop(row: RunRecord, flow_run: Any | None, stopped_at: float | None) -> bool:
+    """An admitted run that ended Crashed after the last stop of the stack began."""
+    state = flow_run.state if flow_run is not None else None
+    return (stopped_at is not None and state is not None and state.is_crashed()
+            and row.status in (RunPhase.ADMITTED, RunPhase.RUNNING) and state.timestamp.timestamp() >= stopped_at)
+
+
+async def _resume(client: Any, store: ServiceStore, row: RunRecord, message: str = (
+        "its process was gone when the worker restarted; it continues from its last checkpoint")) -> Found:
     """A run Prefect says is running whose process is gone: its GPUs are free,
     and it goes back to the queue as an admitted run, to continue from its
     last checkpoint in the same flow run when it gets GPUs again."""
     from prefect.states import Scheduled
 
-    message = "its process was gone when the worker restarted; it continues from its last checkpoint"
     try:
         await client.set_flow_run_state(UUID(row.flow_run_id), Scheduled(name="Resuming", message=message),
                                         force=True)

@@ -26,6 +26,7 @@ from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 from prefect.workers.process import ProcessWorker
 
 from flows.training.launch import LaunchSpec
+from flows.training.pause import stack_stopping, stopped_at
 from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
@@ -164,7 +165,8 @@ class ElasticFlowWorker(ProcessWorker):
         self.recall_starts(now)  # before any run is planned again
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
                                         self.cluster.topology.max_job_gpus, now, self.backend.alive,
-                                        kinds_of(self.cluster.topology), self.settings.teams is not None):
+                                        kinds_of(self.cluster.topology), self.settings.teams is not None,
+                                        stopped_at(self.settings.home)):
             self.registry.add(run)
             await self.executor.apply(self.loop.handle(event, now), now)
             where = f"on GPUs {','.join(map(str, event.held))}" if event.running else "still waiting for GPUs"
@@ -299,9 +301,13 @@ class ElasticFlowWorker(ProcessWorker):
         try:
             result = await super().run(flow_run, configuration, Identified(task_status, self.backend))
         finally:
-            ended = await self.ended(run_id)  # its GPUs are free: in the store first
-            await self.watch.settle(flow_run.id, "and its process has exited")
-            await self.executor.tell_how_they_ended(ended)
+            if stack_stopping(self.settings.home):  # it paused: the next start's recovery resumes it (pause.py)
+                self._logger.info("flow run %s: its process exited while the stack stops; left to the next start",
+                                  run_id)
+            else:
+                ended = await self.ended(run_id)  # its GPUs are free: in the store first
+                await self.watch.settle(flow_run.id, "and its process has exited")
+                await self.executor.tell_how_they_ended(ended)
         return ElasticFlowWorkerResult(identifier=result.identifier, status_code=result.status_code)
 
     async def kill_infrastructure(self, infrastructure_pid: str, configuration: ElasticFlowJobConfiguration,

@@ -255,3 +255,42 @@ def test_a_deadline_is_judged_when_rank_0_reported_the_run_trained(
     channel.publish_status({"iteration": iteration, "total_iterations": 1000, "event": event})
     os.utime(channel.status_path, (1_800_000_000.0, 1_800_000_000.0))
     assert trained_at(channel, 1000) == (1_800_000_000.0 if judged_at else None)
+
+
+def test_a_run_the_stop_crashed_resumes_and_one_crashed_before_it_stays_failed(tmp_path: Path) -> None:
+    """A stop of the stack is a pause (issue 43): an admitted run whose flow
+    the stop's signal crashed before it could pause goes back to the queue,
+    admitted, to continue from its checkpoint; one that crashed before the
+    stop began crashed on its own and ends failed; a paused one (Scheduled,
+    `Resuming`) waits for GPUs again, its GPUs released."""
+    import asyncio
+    import uuid
+
+    from prefect.states import Crashed, Scheduled
+
+    from flows.training.pause import PAUSED_STATE
+    from scheduler_service.worker.recovery import recover
+
+    stop = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    by_stop, before, paused = (str(uuid.uuid4()) for _ in range(3))
+    rows = []
+    for run_id in (by_stop, before, paused):
+        row = _row()
+        row.flow_run_id = run_id
+        row.deadline = datetime(2030, 1, 1, tzinfo=timezone.utc)
+        row.submitted_at = datetime(2026, 12, 1, 11, 59, tzinfo=timezone.utc)
+        rows.append(row)
+    store = _store_with(rows)
+    crashed_late, crashed_early = Crashed(message="aborted by a termination signal"), Crashed(message="oom")
+    crashed_late.timestamp = stop.replace(second=5)  # type: ignore[assignment]
+    crashed_early.timestamp = stop.replace(minute=0, hour=11)  # type: ignore[assignment]
+    client = _Client({by_stop: crashed_late, before: crashed_early, paused: Scheduled(name=PAUSED_STATE)})
+    adopted = asyncio.run(recover(client, store, str(tmp_path), 2, NOW, alive=lambda pid, run_id: False,
+                                  stopped_at=stop.timestamp()))
+    assert sorted(run.run_id for run, _ in adopted) == sorted([by_stop, paused])
+    assert all(not event.running for _, event in adopted)  # admitted, waiting for GPUs
+    statuses = {row.flow_run_id: (row.status, row.outcome) for row in store.jobs()}  # type: ignore[attr-defined]
+    assert statuses == {by_stop: ("admitted", None), before: ("finished", "failed"), paused: ("admitted", None)}
+    assert client.set == {by_stop: PAUSED_STATE}  # back in the queue, in the same flow run
+    for run_id in (by_stop, paused, before):  # their GPUs were freed once
+        assert [a.action for a in store.allocations(run_id)] == ["release"]  # type: ignore[attr-defined]

@@ -312,16 +312,21 @@ class ControlLoop:
 
     def _rejected(self, run: LoopRun, decision: Decision, now: float, seconds: float) -> Rejected:
         """The policy's rejection on the user's clock, saying what actually
-        failed: a deadline still ahead but closer than a start takes here has
-        its own reason, and an infeasible run is told which GPU counts it can use."""
+        failed: a deadline the work alone would meet but a start here (and
+        the room kept for safety) would not has its own reason, whether the
+        policy saw the plan deadline passed or too close for any plan; an
+        infeasible run is told which GPU counts it can use."""
         reason = RejectionReason.read(decision.reason) if decision.reason else RejectionReason.REJECTED
         message = decision.message
         startup = self.start_cost.startup_s()
-        if reason is RejectionReason.DEADLINE_PASSED and run.deadline is not None and run.deadline > now:
+        work_s = self._work_alone_s(run)
+        if reason in (RejectionReason.DEADLINE_PASSED, RejectionReason.INFEASIBLE_ALONE) \
+                and run.deadline is not None and work_s is not None and now + work_s <= run.deadline:
             reason = RejectionReason.SOONER_THAN_START_UP
-            message = (f"the deadline is {run.deadline - now:.0f} s away, but a run takes about {startup:.0f} s to "
-                       f"start here, and {run.margin.of(run.deadline - run.taken_in_at):.0f} s more are kept "
-                       "for safety")
+            message = (f"the deadline is {run.deadline - now:.0f} s away and its {run.job.iterations:.0f} iterations "
+                       f"take about {work_s:.1f} s, but a run takes about {startup:.0f} s to start here (launch to "
+                       f"first iteration, as measured), and {run.margin.of(run.deadline - run.taken_in_at):.0f} s "
+                       "more are kept for safety")
         elif reason in (RejectionReason.INFEASIBLE_ALONE, RejectionReason.NO_USABLE_GPU_COUNT):
             levels = run.job.curve.levels if run.job.curve.speed(1) > 1e-6 else ()
             usable = ", ".join(map(str, levels)) or "none"
@@ -332,6 +337,14 @@ class ControlLoop:
         earliest = decision.earliest_feasible_deadline
         return Rejected(run.run_id, reason, message, None if earliest is None else run.to_user_time(earliest),
                         seconds)
+
+    @staticmethod
+    def _work_alone_s(run: LoopRun) -> float | None:
+        """Seconds its iterations take at its widest measured count, with no start: None if it has no speed."""
+        curve = run.job.curve
+        levels = curve.levels
+        speed = curve.speed(levels[-1]) if levels else 0.0
+        return run.job.iterations / speed if speed > 1e-9 else None
 
     def _risk_changes(self, now: float) -> list[Action]:
         """Running deadline runs whose outlook flipped since the last step.

@@ -61,8 +61,11 @@ from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_o
 from scheduler_service.policy.registry import DEFAULT_POLICY
 
 # Hysteresis: at risk when the projection comes within the margin of the
-# deadline, recovered only once it is back beyond RECOVER_FACTOR margins.
+# deadline, recovered only once it is back beyond RECOVER_FACTOR margins,
+# and either only once the projection has stayed there RISK_HOLD_S (as long
+# as a rate needs to be measured: loop/run.py RATE_MIN_SPAN_S).
 RECOVER_FACTOR = 1.5
+RISK_HOLD_S = 30.0
 
 
 class LoopSettings(BaseModel):
@@ -347,9 +350,11 @@ class ControlLoop:
         return run.job.iterations / speed if speed > 1e-9 else None
 
     def _risk_changes(self, now: float) -> list[Action]:
-        """Running deadline runs whose outlook flipped since the last step.
-        A run's outlook moves with what it reports (the worker reads every
-        run at every poll), so only runs with news are assessed."""
+        """Running deadline runs whose outlook flipped since the last step:
+        the one at-risk rule of the service (the run page, the cluster view,
+        `elasticflow status` and the events read the flag it sets). A run's
+        outlook moves with what it reports (the worker reads every run at
+        every poll), so only runs with news are assessed."""
         changes: list[Action] = []
         for run in self.runs.values():
             if run.phase != RunPhase.RUNNING or not run.news:
@@ -361,9 +366,8 @@ class ControlLoop:
             margin = run.risk_margin(self.at_risk_s, self.settings.interval_s)
             risky = finish is not None and finish > run.deadline - margin
             safe = finish is None or finish <= run.deadline - margin * RECOVER_FACTOR
-            if risky != run.at_risk and (risky or safe):
-                run.flag_risk(risky)
-                changes.append(RiskChanged(run.run_id, risky, finish, run.deadline))
+            if run.weigh_risk(risky, safe, now, RISK_HOLD_S):
+                changes.append(RiskChanged(run.run_id, run.at_risk, finish, run.deadline))
         return changes
 
     # -- views -------------------------------------------------------------------

@@ -94,10 +94,10 @@ class Executor:
             case Command():
                 cluster = self.cluster()
                 send(run.channel, action, cluster.locate(action.gpus) if action.gpus else None)
-                margin = view.risk_margin_s if view is not None else 0.0
+                at_risk = view is not None and view.at_risk
                 if isinstance(action, Launch):
                     run.launching(action.gpus)
-                await reporter.allocation(run, action, view, cluster.nodes_of(action.gpus), margin, now)
+                await reporter.allocation(run, action, view, cluster.nodes_of(action.gpus), at_risk, now)
                 return isinstance(action, Launch)
             case Rejected():
                 self.registry.forget(run.run_id)

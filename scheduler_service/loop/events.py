@@ -19,6 +19,9 @@ class Arrived:
     run_id: str
     job: Job
     at: float  # when it was taken in: its window, for the safety margin, counts from here
+    # Its curve is partial: measured on at most this many GPUs while the others were busy, fewer than the model
+    # could use here. Its widest count is then not the model's: a run that needs more is not refused for it.
+    measured_up_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from scheduler_service.loop.actions import (
     Action,
     Admitted,
     GpusLost,
+    ProfileNeeded,
     GuaranteeLost,
     Rejected,
     Release,
@@ -128,7 +129,7 @@ class ControlLoop:
         match event:
             case Arrived():
                 self.arrivals.append(LoopRun(event.run_id, event.job, event.at, self.start_cost.reserve(),
-                                             self.margin))
+                                             self.margin, event.measured_up_to))
             case Adopted():
                 return self._adopt(event)
             case StartsRecalled():
@@ -295,6 +296,8 @@ class ControlLoop:
                     actions.append(GuaranteeLost(run.run_id))
                 run.demote()
                 self.arrivals.append(run)
+            elif decision is not None and self._short_of_measurement(run, decision):
+                actions.append(ProfileNeeded(run.run_id, run.measured_up_to))  # type: ignore[arg-type]
             elif decision is not None:
                 actions.append(self._rejected(run, decision, now, seconds))
         for run_id, run in self.runs.items():
@@ -307,6 +310,17 @@ class ControlLoop:
                 self.runs[run_id].planned(finish)
         self.wake_at = reply.wake_at
         return actions
+
+    @staticmethod
+    def _short_of_measurement(run: LoopRun, decision: Decision) -> bool:
+        """Whether the policy refused the run only for GPU counts its partial
+        curve never measured: a busy moment at profiling is not the model's
+        limit, so it is measured on more GPUs rather than refused (issue 42:
+        every resnet run after one profiled beside a busy slot was refused
+        as "even the whole cluster at 1 GPUs cannot finish")."""
+        reason = RejectionReason.read(decision.reason) if decision.reason else None
+        return run.measured_up_to is not None and reason in (RejectionReason.INFEASIBLE_ALONE,
+                                                             RejectionReason.NO_USABLE_GPU_COUNT)
 
     @staticmethod
     def _admitted(run: LoopRun, decision: Decision, gpus_now: int, seconds: float) -> Admitted:

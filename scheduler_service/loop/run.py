@@ -67,8 +67,9 @@ class LoopRun:
     """One run from its arrival at the loop to its end."""
 
     def __init__(self, run_id: str, job: Job, taken_in_at: float, reserve_s: float = 0.0,
-                 margin: SafetyMargin = NO_MARGIN) -> None:
+                 margin: SafetyMargin = NO_MARGIN, measured_up_to: int | None = None) -> None:
         self.run_id = run_id
+        self.measured_up_to = measured_up_to  # its curve is partial: measured on at most this many GPUs
         self.deadline = job.deadline  # the user's
         self.taken_in_at = taken_in_at
         self.reserve_s = reserve_s  # kept in front of it: a new run's start beyond the restart the plans charge

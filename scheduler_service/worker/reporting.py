@@ -149,8 +149,8 @@ class Reporter:
         if team:
             self.publisher.relate_team(run.run_id, team)
 
-    async def profiling(self, run: ServiceRun, now: float) -> None:
-        why = "profiling the throughput of this model on first use"
+    async def profiling(self, run: ServiceRun, now: float,
+                        why: str = "profiling the throughput of this model on first use") -> None:
         self.store.upsert_job(run.run_id, RunPhase.PROFILING, message=why)
         await self._waiting_state(run, StateName.PROFILING, now, why)
 

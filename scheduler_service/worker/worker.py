@@ -132,7 +132,7 @@ class ElasticFlowWorker(ProcessWorker):
                                  self.settings.publish_concurrency)
         self.watch = PrefectWatch(client, self.backend)
         self.executor = Executor(self.loop, self.registry, self.reporter, lambda: self.cluster, self.watch,
-                                 self.view, self.clock)
+                                 self.view, self.clock, self.profiler)
         self.take_in = TakeIn(client, self.settings, self.registry, self.loop, self.profiler, self.reporter,
                               lambda: self.cluster.device)
 
@@ -217,7 +217,7 @@ class ElasticFlowWorker(ProcessWorker):
             else:
                 by_kind = intake.kind_curves({"": outcome.points}, kinds_of(self.loop.topology))
                 events.append(intake.arrival(outcome.run, outcome.points, self.loop.topology.max_job_gpus, now,
-                                             by_kind))
+                                             by_kind, outcome.measured_up_to))
         for run_id in [e.run_id for e in events if isinstance(e, Ended)]:
             self.profiler.forget(run_id)
             if run_id not in views:  # never decided: nothing of it is the loop's

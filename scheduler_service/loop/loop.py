@@ -54,6 +54,7 @@ from scheduler_service.loop.events import (
     Unreserved,
 )
 from scheduler_service.loop.run import LoopRun, RunView
+from scheduler_service.loop.speed_seen import SpeedSeen
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
@@ -109,6 +110,7 @@ class ControlLoop:
         self.policy = self._policy_for(topology)
         self.start_cost = StartCost(settings.charged, settings.launch_s, settings.charged.in_place)
         self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
+        self.speed_seen = SpeedSeen()  # each model's lasting gap from its profile, for its next runs
         self.at_risk_s = max(settings.interval_s, settings.at_risk_s)
         self.runs: dict[str, LoopRun] = {}  # decided, until they end
         self.arrivals: list[LoopRun] = []  # to be decided by the next plan
@@ -128,8 +130,9 @@ class ControlLoop:
         """Take in what happened; the actions due at once (a release, a stop)."""
         match event:
             case Arrived():
-                self.arrivals.append(LoopRun(event.run_id, event.job, event.at, self.start_cost.reserve(),
-                                             self.margin, event.measured_up_to))
+                self.arrivals.append(LoopRun(event.run_id, self.speed_seen.applied(event.job), event.at,
+                                             self.start_cost.reserve(), self.margin, event.measured_up_to,
+                                             profiled_as=event.job))
             case Adopted():
                 return self._adopt(event)
             case StartsRecalled():
@@ -209,6 +212,7 @@ class ControlLoop:
         launched = run.phase == RunPhase.RUNNING
         if not run.stopping:
             self.gone.append(run_id)
+        self.speed_seen.forget(run_id)
         run.finish()
         return [Release(run_id, launched, run.iteration, run.job.iterations)]
 
@@ -266,6 +270,9 @@ class ControlLoop:
         self._checked_slot = slot
         interval = self.settings.interval_s
         moved = [run for run in self.runs.values() if run.observe()]  # each run's speed, once a slot
+        for run in self.runs.values():
+            if run.phase == RunPhase.RUNNING and len(run.reported_gpus) == len(run.commanded):
+                self.speed_seen.observe(run.run_id, run.profiled_as, len(run.commanded), run.reported_rate)
         return bool(self.gone or moved or (self.wake_at is not None and now >= self.wake_at - 1e-6)
                     or any(run.slipped(now, interval) or run.due_between(self.planned_at, now)
                            for run in self.runs.values()))

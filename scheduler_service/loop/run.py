@@ -67,7 +67,8 @@ class LoopRun:
     """One run from its arrival at the loop to its end."""
 
     def __init__(self, run_id: str, job: Job, taken_in_at: float, reserve_s: float = 0.0,
-                 margin: SafetyMargin = NO_MARGIN, measured_up_to: int | None = None) -> None:
+                 margin: SafetyMargin = NO_MARGIN, measured_up_to: int | None = None,
+                 profiled_as: Job | None = None) -> None:
         self.run_id = run_id
         self.measured_up_to = measured_up_to  # its curve is partial: measured on at most this many GPUs
         self.deadline = job.deadline  # the user's
@@ -75,6 +76,7 @@ class LoopRun:
         self.reserve_s = reserve_s  # kept in front of it: a new run's start beyond the restart the plans charge
         self.margin = margin
         self.job = job  # the policy's view; job.deadline is the plan deadline
+        self.profiled_as = profiled_as or job  # as it arrived: its curve as profiled, before any speed seen
         self.phase = RunPhase.ARRIVED
         self.held: tuple[int, ...] = ()  # GPUs it may be using right now
         self.target: tuple[int, ...] = ()  # where the policy wants it

@@ -38,7 +38,7 @@ class Rejected:
     reason: RejectionReason
     message: str
     earliest_feasible_deadline: float | None
-    decision_s: float
+    decision_s: float | None  # None: not the policy's (a profile that failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,5 +169,5 @@ class ProfileNeeded:
     measured_up_to: int
 
 
-Action = (Admitted | Rejected | ProfileNeeded | GuaranteeLost | Launch | Rescale | Park | Stop | Released | Release | Await
-          | RiskChanged | GpusLost | Started | StartedSlowly)
+Action = (Admitted | Rejected | ProfileNeeded | GuaranteeLost | Launch | Rescale | Park | Stop | Released | Release
+          | Await | RiskChanged | GpusLost | Started | StartedSlowly)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler_service.contracts import RejectionReason
 from scheduler_service.policy import Job, Topology
 
 
@@ -111,5 +112,16 @@ class Unreserved:
     holder: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileFailed:
+    """A run waiting for its model's profile will not get one: the
+    measurement failed (the user's model raised), or no GPUs were free to
+    measure on within the profiling timeout. The loop rejects it."""
+
+    run_id: str
+    reason: RejectionReason
+    message: str
+
+
 Event = (Arrived | Adopted | StartsRecalled | Progress | Acknowledged | Ended | CancelRequested | ClusterChanged
-         | Reserved | Unreserved)
+         | Reserved | Unreserved | ProfileFailed)

@@ -48,6 +48,7 @@ from scheduler_service.loop.events import (
     ClusterChanged,
     Ended,
     Event,
+    ProfileFailed,
     Progress,
     Reserved,
     StartsRecalled,
@@ -71,16 +72,20 @@ RISK_HOLD_S = 30.0
 
 
 class LoopSettings(BaseModel):
-    """What the loop decides with, read once: the service's settings, or the simulator's options."""
+    """What the loop decides with, read once: the service's settings, or the
+    simulator's options. The defaults here are the service's: the worker's
+    settings (worker/settings.py) and the simulator's options
+    (simulator/service.py) take theirs from these, so a simulation of the
+    service plans as the service does unless told otherwise."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     policy: str = DEFAULT_POLICY
-    interval_s: float = 60.0
+    interval_s: float = 5.0
     overhead: RestartOverhead = RestartOverhead()  # a run's own restart: stop, start on the new set
     poll_s: float = 1.0  # the driver's poll: a GPU one run gives up is handed on at the next one
     launch_s: float | None = None  # a new run's start; None: learnt from the starts seen
-    safety_margin: float = 0.0  # fraction of a run's window kept in front of its deadline (at least a slot)
+    safety_margin: float = 0.05  # fraction of a run's window kept in front of its deadline (at least a slot)
     at_risk_s: float = 60.0  # a deadline is at risk when the projection comes this close (at least a slot)
     teams: tuple[Team, ...] = ()  # teams sharing the cluster, each with its guaranteed share (policy/teams.py)
 
@@ -125,6 +130,18 @@ class ControlLoop:
     def topology(self) -> AnyTopology:
         return self.policy.topology
 
+    # -- the one entry ---------------------------------------------------------
+    def tick(self, events: list[Event], now: float) -> list[Action]:
+        """A driver's poll: what happened since the last one, then the clock.
+        The worker and the simulator both drive the loop through this alone,
+        so neither keeps its own copy of the order things are decided in."""
+        actions = [action for event in events for action in self.handle(event, now)]
+        return actions + self.step(now)
+
+    def live(self) -> int:
+        """Runs decided and not ended (a driver's loop goes on while there are)."""
+        return len(self.runs)
+
     # -- events ----------------------------------------------------------------
     def handle(self, event: Event, now: float) -> list[Action]:
         """Take in what happened; the actions due at once (a release, a stop)."""
@@ -156,6 +173,8 @@ class ControlLoop:
                 self.reserved[event.holder] = event.gpus
             case Unreserved():
                 self.reserved.pop(event.holder, None)
+            case ProfileFailed():  # never arrived: decided here, by the loop, as every run is
+                return [Rejected(event.run_id, event.reason, event.message, None, None)]
         return []
 
     def _adopt(self, event: Adopted) -> list[Action]:

@@ -158,8 +158,8 @@ class Profiler:
                 # Never started: the GPUs stayed busy. A profile that started ends
                 # by itself (it has the same timeout) and is reported below.
                 del self.waiting[run_id]
-                out.append(Outcome(run, None, RejectionReason.PROFILING_FAILED, self._no_gpus(request, now - run.taken_in_at,
-                                                                                              holders)))
+                why = self._no_gpus(request, now - run.taken_in_at, holders)
+                out.append(Outcome(run, None, RejectionReason.PROFILING_FAILED, why))
                 continue
             if future is None or request.profile_key not in done:
                 continue

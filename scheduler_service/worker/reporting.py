@@ -231,7 +231,7 @@ class Reporter:
         if action == AllocationAction.STOP:
             await self.in_background(self._history_now, run, action, (), view, lane=run.run_id)
             return
-        self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus))
+        self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus), at_risk=at_risk)
         await self.in_background(self._history_now, run, action, gpus, view, lane=run.run_id)
         await self.in_background(self.publisher.labels, run.run_id, {
             Label.GPUS: gpus_label(gpus), Label.WORLD_SIZE: len(gpus), Label.NODES: ",".join(nodes)},

@@ -24,9 +24,9 @@ from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 from prefect.workers.process import ProcessWorker
 
 from flows.training.launch import LaunchSpec
-from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
+from scheduler_service.contracts import EventName, RejectionReason, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
-from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
+from scheduler_service.loop.events import CancelRequested, Ended, Event, ProfileFailed, StartsRecalled
 from scheduler_service.loop.start_cost import SEEN
 from scheduler_service.policy.topology import kinds_of
 from scheduler_service.worker import cluster as cluster_mod
@@ -211,9 +211,8 @@ class ElasticFlowWorker(ProcessWorker):
         events += reservations
         for outcome in outcomes:
             if outcome.points is None:
-                self.registry.forget(outcome.run.run_id)
-                await self.reporter.rejected(outcome.run.run_id, outcome.run.flow_run, Rejection.of(
-                    outcome.reason, outcome.message, None))
+                events.append(ProfileFailed(outcome.run.run_id, outcome.reason or RejectionReason.PROFILING_FAILED,
+                                            outcome.message))
             else:
                 by_kind = intake.kind_curves({"": outcome.points}, kinds_of(self.loop.topology))
                 events.append(intake.arrival(outcome.run, outcome.points, self.loop.topology.max_job_gpus, now,
@@ -237,8 +236,7 @@ class ElasticFlowWorker(ProcessWorker):
 
     async def decide(self, now: float, events: list[Event] | None = None) -> Applied:
         """Tell the loop what happened, step it, and carry out what it decides."""
-        actions = [action for event in events or [] for action in self.loop.handle(event, now)]
-        return await self.executor.apply(actions + self.loop.step(now), now)
+        return await self.executor.apply(self.loop.tick(events or [], now), now)
 
     def clock(self) -> float:
         """Now, on the loop's clock: epoch seconds."""

@@ -68,3 +68,24 @@ def _imports_of(package: Path) -> set[str]:
 def test_elasticflow_block_does_not_import_flows() -> None:
     """`flows` builds on `elasticflow_block` (storage, home, the block), never the reverse."""
     assert "flows" not in _imports_of(ROOT / "elasticflow_block")
+
+
+def _modules_named(package: Path) -> set[str]:
+    """Every module named by an import in the package, lazy ones included, in full."""
+    found: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("package", ["simulator", "loop"])
+def test_the_simulator_and_the_loop_import_nothing_from_the_worker(package: str) -> None:
+    """Issue 42: the simulator imported the worker package to read one
+    default. What the loop decides with has one home (LoopSettings); the
+    worker's settings and the simulator both read it there."""
+    named = _modules_named(ROOT / "scheduler_service" / package)
+    assert not {m for m in named if m.startswith("scheduler_service.worker")}

@@ -58,6 +58,7 @@ class RunView(BaseModel):
     detail: str = ""  # the rejection's message, why it waits, or the decision's message
     earliest_feasible_deadline: datetime | None = None
     team: str | None = None  # on a cluster shared by teams: its work queue
+    at_risk: bool = False  # the control loop's flag (its one at-risk rule), as the worker stored it
 
 
 class TeamStatus(BaseModel):
@@ -194,7 +195,8 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
         iteration=snap.iteration if snap else None,
         total_iterations=(snap.total_iterations if snap else 0) or int(row.iterations) or None,
         projected_finish=_aware(snap.projected_finish) if snap else None, deadline=_aware(row.deadline),
-        team=getattr(row, "team", None))  # absent from a store an older worker wrote
+        team=getattr(row, "team", None),  # absent from a store an older worker wrote
+        at_risk=bool(getattr(row, "at_risk", None)))
     stored = RunPhase(row.status)
     if stored == RunPhase.REJECTED:
         view.phase, view.detail = RunPhase.REJECTED, row.message or ""
@@ -275,7 +277,8 @@ def _result(view: RunView) -> str:
         return view.reason or "rejected"
     if view.projected_finish and view.deadline:
         spare = (view.deadline - view.projected_finish).total_seconds()
-        return f"on track ({_span(spare)} spare)" if spare >= 0 else f"at risk ({_span(-spare)} late)"
+        verdict = "at risk" if view.at_risk else "on track"  # the loop's rule, not one of status's own
+        return f"{verdict} ({_span(spare)} spare)" if spare >= 0 else f"{verdict} ({_span(-spare)} late)"
     return ""
 
 

@@ -38,7 +38,7 @@ class Rejected:
     reason: RejectionReason
     message: str
     earliest_feasible_deadline: float | None
-    decision_s: float
+    decision_s: float | None  # None: not the policy's (a profile that failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,5 +158,16 @@ class StartedSlowly:
     kept_s: float
 
 
-Action = (Admitted | Rejected | GuaranteeLost | Launch | Rescale | Park | Stop | Released | Release | Await
-          | RiskChanged | GpusLost | Started | StartedSlowly)
+@dataclass(frozen=True, slots=True)
+class ProfileNeeded:
+    """The run cannot be decided on its curve, which was measured on only
+    `measured_up_to` GPUs while the others were busy: the loop would refuse
+    it for want of counts never measured. Its curve is to be completed on a
+    wider block, then it arrives again; it is no longer the loop's meanwhile."""
+
+    run_id: str
+    measured_up_to: int
+
+
+Action = (Admitted | Rejected | ProfileNeeded | GuaranteeLost | Launch | Rescale | Park | Stop | Released | Release
+          | Await | RiskChanged | GpusLost | Started | StartedSlowly)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler_service.contracts import RejectionReason
 from scheduler_service.policy import Job, Topology
 
 
@@ -19,6 +20,9 @@ class Arrived:
     run_id: str
     job: Job
     at: float  # when it was taken in: its window, for the safety margin, counts from here
+    # Its curve is partial: measured on at most this many GPUs while the others were busy, fewer than the model
+    # could use here. Its widest count is then not the model's: a run that needs more is not refused for it.
+    measured_up_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,5 +112,16 @@ class Unreserved:
     holder: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileFailed:
+    """A run waiting for its model's profile will not get one: the
+    measurement failed (the user's model raised), or no GPUs were free to
+    measure on within the profiling timeout. The loop rejects it."""
+
+    run_id: str
+    reason: RejectionReason
+    message: str
+
+
 Event = (Arrived | Adopted | StartsRecalled | Progress | Acknowledged | Ended | CancelRequested | ClusterChanged
-         | Reserved | Unreserved)
+         | Reserved | Unreserved | ProfileFailed)

@@ -28,6 +28,7 @@ from scheduler_service.loop.actions import (
     Action,
     Admitted,
     GpusLost,
+    ProfileNeeded,
     GuaranteeLost,
     Rejected,
     Release,
@@ -47,12 +48,14 @@ from scheduler_service.loop.events import (
     ClusterChanged,
     Ended,
     Event,
+    ProfileFailed,
     Progress,
     Reserved,
     StartsRecalled,
     Unreserved,
 )
 from scheduler_service.loop.run import LoopRun, RunView
+from scheduler_service.loop.speed_seen import SpeedSeen
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
@@ -61,21 +64,28 @@ from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_o
 from scheduler_service.policy.registry import DEFAULT_POLICY
 
 # Hysteresis: at risk when the projection comes within the margin of the
-# deadline, recovered only once it is back beyond RECOVER_FACTOR margins.
+# deadline, recovered only once it is back beyond RECOVER_FACTOR margins,
+# and either only once the projection has stayed there RISK_HOLD_S (as long
+# as a rate needs to be measured: loop/run.py RATE_MIN_SPAN_S).
 RECOVER_FACTOR = 1.5
+RISK_HOLD_S = 30.0
 
 
 class LoopSettings(BaseModel):
-    """What the loop decides with, read once: the service's settings, or the simulator's options."""
+    """What the loop decides with, read once: the service's settings, or the
+    simulator's options. The defaults here are the service's: the worker's
+    settings (worker/settings.py) and the simulator's options
+    (simulator/service.py) take theirs from these, so a simulation of the
+    service plans as the service does unless told otherwise."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     policy: str = DEFAULT_POLICY
-    interval_s: float = 60.0
+    interval_s: float = 5.0
     overhead: RestartOverhead = RestartOverhead()  # a run's own restart: stop, start on the new set
     poll_s: float = 1.0  # the driver's poll: a GPU one run gives up is handed on at the next one
     launch_s: float | None = None  # a new run's start; None: learnt from the starts seen
-    safety_margin: float = 0.0  # fraction of a run's window kept in front of its deadline (at least a slot)
+    safety_margin: float = 0.05  # fraction of a run's window kept in front of its deadline (at least a slot)
     at_risk_s: float = 60.0  # a deadline is at risk when the projection comes this close (at least a slot)
     teams: tuple[Team, ...] = ()  # teams sharing the cluster, each with its guaranteed share (policy/teams.py)
 
@@ -105,6 +115,7 @@ class ControlLoop:
         self.policy = self._policy_for(topology)
         self.start_cost = StartCost(settings.charged, settings.launch_s, settings.charged.in_place)
         self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
+        self.speed_seen = SpeedSeen()  # each model's lasting gap from its profile, for its next runs
         self.at_risk_s = max(settings.interval_s, settings.at_risk_s)
         self.runs: dict[str, LoopRun] = {}  # decided, until they end
         self.arrivals: list[LoopRun] = []  # to be decided by the next plan
@@ -119,13 +130,26 @@ class ControlLoop:
     def topology(self) -> AnyTopology:
         return self.policy.topology
 
+    # -- the one entry ---------------------------------------------------------
+    def tick(self, events: list[Event], now: float) -> list[Action]:
+        """A driver's poll: what happened since the last one, then the clock.
+        The worker and the simulator both drive the loop through this alone,
+        so neither keeps its own copy of the order things are decided in."""
+        actions = [action for event in events for action in self.handle(event, now)]
+        return actions + self.step(now)
+
+    def live(self) -> int:
+        """Runs decided and not ended (a driver's loop goes on while there are)."""
+        return len(self.runs)
+
     # -- events ----------------------------------------------------------------
     def handle(self, event: Event, now: float) -> list[Action]:
         """Take in what happened; the actions due at once (a release, a stop)."""
         match event:
             case Arrived():
-                self.arrivals.append(LoopRun(event.run_id, event.job, event.at, self.start_cost.reserve(),
-                                             self.margin))
+                self.arrivals.append(LoopRun(event.run_id, self.speed_seen.applied(event.job), event.at,
+                                             self.start_cost.reserve(), self.margin, event.measured_up_to,
+                                             profiled_as=event.job))
             case Adopted():
                 return self._adopt(event)
             case StartsRecalled():
@@ -149,6 +173,8 @@ class ControlLoop:
                 self.reserved[event.holder] = event.gpus
             case Unreserved():
                 self.reserved.pop(event.holder, None)
+            case ProfileFailed():  # never arrived: decided here, by the loop, as every run is
+                return [Rejected(event.run_id, event.reason, event.message, None, None)]
         return []
 
     def _adopt(self, event: Adopted) -> list[Action]:
@@ -205,6 +231,7 @@ class ControlLoop:
         launched = run.phase == RunPhase.RUNNING
         if not run.stopping:
             self.gone.append(run_id)
+        self.speed_seen.forget(run_id)
         run.finish()
         return [Release(run_id, launched, run.iteration, run.job.iterations)]
 
@@ -262,6 +289,9 @@ class ControlLoop:
         self._checked_slot = slot
         interval = self.settings.interval_s
         moved = [run for run in self.runs.values() if run.observe()]  # each run's speed, once a slot
+        for run in self.runs.values():
+            if run.phase == RunPhase.RUNNING and len(run.reported_gpus) == len(run.commanded):
+                self.speed_seen.observe(run.run_id, run.profiled_as, len(run.commanded), run.reported_rate)
         return bool(self.gone or moved or (self.wake_at is not None and now >= self.wake_at - 1e-6)
                     or any(run.slipped(now, interval) or run.due_between(self.planned_at, now)
                            for run in self.runs.values()))
@@ -292,6 +322,8 @@ class ControlLoop:
                     actions.append(GuaranteeLost(run.run_id))
                 run.demote()
                 self.arrivals.append(run)
+            elif decision is not None and self._short_of_measurement(run, decision):
+                actions.append(ProfileNeeded(run.run_id, run.measured_up_to))  # type: ignore[arg-type]
             elif decision is not None:
                 actions.append(self._rejected(run, decision, now, seconds))
         for run_id, run in self.runs.items():
@@ -306,22 +338,38 @@ class ControlLoop:
         return actions
 
     @staticmethod
+    def _short_of_measurement(run: LoopRun, decision: Decision) -> bool:
+        """Whether the policy refused the run only for GPU counts its partial
+        curve never measured: a busy moment at profiling is not the model's
+        limit, so it is measured on more GPUs rather than refused (issue 42:
+        every resnet run after one profiled beside a busy slot was refused
+        as "even the whole cluster at 1 GPUs cannot finish")."""
+        reason = RejectionReason.read(decision.reason) if decision.reason else None
+        return run.measured_up_to is not None and reason in (RejectionReason.INFEASIBLE_ALONE,
+                                                             RejectionReason.NO_USABLE_GPU_COUNT)
+
+    @staticmethod
     def _admitted(run: LoopRun, decision: Decision, gpus_now: int, seconds: float) -> Admitted:
         return Admitted(run.run_id, decision.guaranteed, decision.share, decision.message,
                         decision.guaranteed_finish, gpus_now, seconds, replanned=run.adopted)
 
     def _rejected(self, run: LoopRun, decision: Decision, now: float, seconds: float) -> Rejected:
         """The policy's rejection on the user's clock, saying what actually
-        failed: a deadline still ahead but closer than a start takes here has
-        its own reason, and an infeasible run is told which GPU counts it can use."""
+        failed: a deadline the work alone would meet but a start here (and
+        the room kept for safety) would not has its own reason, whether the
+        policy saw the plan deadline passed or too close for any plan; an
+        infeasible run is told which GPU counts it can use."""
         reason = RejectionReason.read(decision.reason) if decision.reason else RejectionReason.REJECTED
         message = decision.message
         startup = self.start_cost.startup_s()
-        if reason is RejectionReason.DEADLINE_PASSED and run.deadline is not None and run.deadline > now:
+        work_s = self._work_alone_s(run)
+        if reason in (RejectionReason.DEADLINE_PASSED, RejectionReason.INFEASIBLE_ALONE) \
+                and run.deadline is not None and work_s is not None and now + work_s <= run.deadline:
             reason = RejectionReason.SOONER_THAN_START_UP
-            message = (f"the deadline is {run.deadline - now:.0f} s away, but a run takes about {startup:.0f} s to "
-                       f"start here, and {run.margin.of(run.deadline - run.taken_in_at):.0f} s more are kept "
-                       "for safety")
+            message = (f"the deadline is {run.deadline - now:.0f} s away and its {run.job.iterations:.0f} iterations "
+                       f"take about {work_s:.1f} s, but a run takes about {startup:.0f} s to start here (launch to "
+                       f"first iteration, as measured), and {run.margin.of(run.deadline - run.taken_in_at):.0f} s "
+                       "more are kept for safety")
         elif reason in (RejectionReason.INFEASIBLE_ALONE, RejectionReason.NO_USABLE_GPU_COUNT):
             levels = run.job.curve.levels if run.job.curve.speed(1) > 1e-6 else ()
             usable = ", ".join(map(str, levels)) or "none"
@@ -333,10 +381,20 @@ class ControlLoop:
         return Rejected(run.run_id, reason, message, None if earliest is None else run.to_user_time(earliest),
                         seconds)
 
+    @staticmethod
+    def _work_alone_s(run: LoopRun) -> float | None:
+        """Seconds its iterations take at its widest measured count, with no start: None if it has no speed."""
+        curve = run.job.curve
+        levels = curve.levels
+        speed = curve.speed(levels[-1]) if levels else 0.0
+        return run.job.iterations / speed if speed > 1e-9 else None
+
     def _risk_changes(self, now: float) -> list[Action]:
-        """Running deadline runs whose outlook flipped since the last step.
-        A run's outlook moves with what it reports (the worker reads every
-        run at every poll), so only runs with news are assessed."""
+        """Running deadline runs whose outlook flipped since the last step:
+        the one at-risk rule of the service (the run page, the cluster view,
+        `elasticflow status` and the events read the flag it sets). A run's
+        outlook moves with what it reports (the worker reads every run at
+        every poll), so only runs with news are assessed."""
         changes: list[Action] = []
         for run in self.runs.values():
             if run.phase != RunPhase.RUNNING or not run.news:
@@ -348,9 +406,8 @@ class ControlLoop:
             margin = run.risk_margin(self.at_risk_s, self.settings.interval_s)
             risky = finish is not None and finish > run.deadline - margin
             safe = finish is None or finish <= run.deadline - margin * RECOVER_FACTOR
-            if risky != run.at_risk and (risky or safe):
-                run.flag_risk(risky)
-                changes.append(RiskChanged(run.run_id, risky, finish, run.deadline))
+            if run.weigh_risk(risky, safe, now, RISK_HOLD_S):
+                changes.append(RiskChanged(run.run_id, run.at_risk, finish, run.deadline))
         return changes
 
     # -- views -------------------------------------------------------------------

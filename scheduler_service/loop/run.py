@@ -40,6 +40,7 @@ class RunView:
     share: int | None
     projected_finish: float | None
     risk_margin_s: float
+    at_risk: bool = False  # the loop's one rule (ControlLoop._risk_changes), which every display reads
 
 
 class Rate:
@@ -66,13 +67,16 @@ class LoopRun:
     """One run from its arrival at the loop to its end."""
 
     def __init__(self, run_id: str, job: Job, taken_in_at: float, reserve_s: float = 0.0,
-                 margin: SafetyMargin = NO_MARGIN) -> None:
+                 margin: SafetyMargin = NO_MARGIN, measured_up_to: int | None = None,
+                 profiled_as: Job | None = None) -> None:
         self.run_id = run_id
+        self.measured_up_to = measured_up_to  # its curve is partial: measured on at most this many GPUs
         self.deadline = job.deadline  # the user's
         self.taken_in_at = taken_in_at
         self.reserve_s = reserve_s  # kept in front of it: a new run's start beyond the restart the plans charge
         self.margin = margin
         self.job = job  # the policy's view; job.deadline is the plan deadline
+        self.profiled_as = profiled_as or job  # as it arrived: its curve as profiled, before any speed seen
         self.phase = RunPhase.ARRIVED
         self.held: tuple[int, ...] = ()  # GPUs it may be using right now
         self.target: tuple[int, ...] = ()  # where the policy wants it
@@ -95,6 +99,7 @@ class LoopRun:
         self.in_place = False  # its last change kept some of its GPUs: a resize in place, not a restart
         self.resized_at: float | None = None  # until its first iteration on the new set: what a resize costs
         self.at_risk = False
+        self.risk_turning_since: float | None = None  # since when its outlook has pointed the other way
         self.news = False  # it reported since its outlook was last assessed
         self.rate = Rate()
         self.replan()
@@ -278,8 +283,23 @@ class LoopRun:
     def assessed(self) -> None:
         self.news = False
 
-    def flag_risk(self, at_risk: bool) -> None:
-        self.at_risk = at_risk
+    def weigh_risk(self, risky: bool, safe: bool, now: float, hold_s: float) -> bool:
+        """Hysteresis in value and in time: at risk once its projection has
+        been `risky` (and never `safe`) for `hold_s`, recovered once it has
+        been `safe` (and never `risky`) as long. A projection that swings
+        across both bounds within seconds (a slow model's rate between two
+        iterations, a plan's and a rate's projection taking turns) flips
+        nothing. True if the flag flipped."""
+        turning = safe if self.at_risk else risky
+        holding = risky if self.at_risk else safe
+        if holding:
+            self.risk_turning_since = None
+        elif turning and self.risk_turning_since is None:
+            self.risk_turning_since = now
+        if not turning or self.risk_turning_since is None or now - self.risk_turning_since < hold_s:
+            return False
+        self.at_risk, self.risk_turning_since = not self.at_risk, None
+        return True
 
     def status(self, overhead: float, now: float, since_boundary_s: float, kind: str = "") -> JobStatus:
         """Where it stands for a plan starting at the current slot's boundary
@@ -308,4 +328,4 @@ class LoopRun:
 
     def view(self, projected_finish: float | None, risk_margin_s: float) -> RunView:
         return RunView(self.run_id, self.phase, self.job.model, self.held, self.iteration, self.job.iterations,
-                       self.deadline, self.plan_deadline, self.share, projected_finish, risk_margin_s)
+                       self.deadline, self.plan_deadline, self.share, projected_finish, risk_margin_s, self.at_risk)

@@ -56,20 +56,14 @@ class Actuation(BaseModel):
         "them, instead of at the next poll (to tell the two apart in bench/actuation.py)")
 
 
-def service_safety_margin() -> float:
-    """The service's own default (ELASTICFLOW_SAFETY_MARGIN), so that a
-    simulation of the service plans as the service does unless told otherwise."""
-    from scheduler_service.worker.settings import WorkerSettings
-
-    return float(WorkerSettings.model_fields["safety_margin"].default)
-
-
 class ServiceOptions(BaseModel):
     """The service's settings a simulation of it takes: its loop's and its backend's."""
 
     model_config = ConfigDict(frozen=True)
 
-    safety_margin: float = Field(default_factory=service_safety_margin, ge=0, lt=0.5)
+    # The service's own default, from its one home (LoopSettings), so that a simulation of the service plans as
+    # the service does unless told otherwise.
+    safety_margin: float = Field(LoopSettings().safety_margin, ge=0, lt=0.5)
     launch_s: float | None = Field(None, ge=0, description="a new run's start; None: learnt, as the service does")
     in_place_s: float | None = Field(None, ge=0, description="a resize in place, in place of the restart's "
                                      "restart_s; None: every resize costs a restart")
@@ -257,7 +251,7 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
     next_arrival, n, steps, idle_since = 0, len(pending), 0, None
     now = heard(pending[0]) if pending else 0.0
 
-    while next_arrival < n or loop.runs or backend.busy():
+    while next_arrival < n or loop.live() or backend.busy():
         steps += 1
         events = backend.due(now)
         arrived = next_arrival
@@ -267,12 +261,10 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
             next_arrival += 1
         boundary = abs(now - clock.slot_of(now) * clock.interval) < 1e-6
         events += backend.observe(now, everyone=boundary or next_arrival > arrived)
-        actions = []
         for event in events:
             if isinstance(event, Acknowledged):
                 backend.acknowledged(event, now)
-            actions += loop.handle(event, now)
-        for action in actions + loop.step(now):
+        for action in loop.tick(events, now):  # as the worker drives it (worker.decide)
             if isinstance(action, Command):
                 backend.carry_out(action, now)
             elif isinstance(action, (Admitted, Rejected)):
@@ -281,16 +273,16 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
             usage.append((now, backend.in_use()))
         if on_progress is not None:
             on_progress(next_arrival, n)
-        if loop.runs and not backend.busy() and next_arrival >= n:
+        if loop.live() and not backend.busy() and next_arrival >= n:
             idle_since = now if idle_since is None else idle_since
             if now - idle_since > IDLE_SLOTS * clock.interval:
-                raise Deadlock(f"{policy.name}: {len(loop.runs)} runs wait at t={now:.0f}s with nothing running")
+                raise Deadlock(f"{policy.name}: {loop.live()} runs wait at t={now:.0f}s with nothing running")
         else:
             idle_since = None
         candidates = [t for t in (backend.next_at(),) if t is not None]
         if next_arrival < n:
             candidates.append(heard(pending[next_arrival]))
-        if loop.runs:
+        if loop.live():
             candidates.append(clock.slot_after(now + 1e-6) * clock.interval)  # the next slot's plan
         if not candidates:
             break

@@ -1,7 +1,11 @@
 """Measured throughput curves: iterations/s by (model, global batch size, GPU kind, GPU count).
 
 `elasticflow profile` writes them; admission reads them with `get_curve`
-(one kind) or `get_curves` (every kind measured). Kind "" is a curve measured
+(one kind) or `get_curves` (every kind measured). A curve measured on fewer
+GPUs than the model could use here, because the others were busy, is kept
+as partial (`partial_kinds`): what it measured holds, but its widest count
+is not the model's, and it is completed once those GPUs are free
+(worker/profiling.py). Kind "" is a curve measured
 where kinds were not told apart (this machine, or a store made before kinds). The
 CSV export has the shape of the shared tables in data/throughputs/: one row per
 global batch size, one column per power-of-two GPU count, 0 where not measured.
@@ -34,6 +38,7 @@ class ThroughputMeasurement(SQLModel, table=True):
     gpus: int
     iterations_per_s: float
     device: str = "cpu"
+    partial: bool = False  # its curve lacks counts the model could use here (GPUs were busy): not its max
     measured_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 
@@ -45,23 +50,32 @@ def _engine(engine: Engine | None) -> Engine:
 
 def upgrade(engine: Engine) -> None:
     """A store made before curves were kept per GPU kind gets the `kind`
-    column (its curves become kind "") and the unique point per kind. SQLite
+    column (its curves become kind "") and the unique point per kind; one
+    made before partial curves gets `partial` (its curves are whole). SQLite
     cannot drop a constraint, so there the table is rebuilt; each step is one
     transaction, and a store already upgraded is left alone."""
     from sqlalchemy import inspect
     from sqlalchemy.exc import DatabaseError
 
-    def upgraded() -> bool:
+    def lacks(column: str) -> bool:
         inspector = inspect(engine)
-        return not inspector.has_table(TABLE) or "kind" in {c["name"] for c in inspector.get_columns(TABLE)}
+        return inspector.has_table(TABLE) and column not in {c["name"] for c in inspector.get_columns(TABLE)}
 
-    if upgraded():
-        return
-    try:
-        _add_kind(engine)
-    except DatabaseError:
-        if not upgraded():  # not another process upgrading it at the same moment
-            raise
+    for column, add in (("kind", _add_kind), ("partial", _add_partial)):
+        if not lacks(column):
+            continue
+        try:
+            add(engine)
+        except DatabaseError:
+            if lacks(column):  # not another process upgrading it at the same moment
+                raise
+
+
+def _add_partial(engine: Engine) -> None:
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {TABLE} ADD COLUMN partial BOOLEAN NOT NULL DEFAULT FALSE"))
 
 
 def _add_kind(engine: Engine) -> None:
@@ -82,15 +96,17 @@ def _add_kind(engine: Engine) -> None:
         for index in inspect(conn).get_indexes(old):
             conn.execute(text(f'DROP INDEX IF EXISTS "{index["name"]}"'))
         ThroughputMeasurement.__table__.create(conn)  # type: ignore[attr-defined]
-        conn.execute(text(f"INSERT INTO {TABLE} ({columns}, kind) SELECT {columns}, '' FROM {old}"))
+        conn.execute(text(f"INSERT INTO {TABLE} ({columns}, kind, partial) SELECT {columns}, '', 0 FROM {old}"))
         conn.execute(text(f"DROP TABLE {old}"))
 
 
 def save_curve(
     model: str, batch_size: int, curve: dict[int, float], device: str = "cpu", engine: Engine | None = None,
-    kind: str = "",
+    kind: str = "", partial: bool = False,
 ) -> None:
-    """Store (replace) the measured points of one curve, on GPUs of `kind`."""
+    """Store (replace) the measured points of one curve, on GPUs of `kind`;
+    `partial`: the curve (with the points kept from before) still lacks
+    counts the model could use here."""
     if not curve:
         raise ValueError("an empty curve has nothing to store")
     with Session(_engine(engine)) as session:
@@ -105,6 +121,11 @@ def save_curve(
         for row in existing:
             session.delete(row)
         session.flush()
+        for row in session.exec(select(ThroughputMeasurement).where(
+                ThroughputMeasurement.model == model, ThroughputMeasurement.global_batch_size == batch_size,
+                ThroughputMeasurement.kind == kind)).all():
+            row.partial = partial
+            session.add(row)
         for gpus, rate in sorted(curve.items()):
             session.add(
                 ThroughputMeasurement(
@@ -114,6 +135,7 @@ def save_curve(
                     iterations_per_s=float(rate),
                     device=device,
                     kind=kind,
+                    partial=partial,
                 )
             )
         session.commit()
@@ -131,6 +153,15 @@ def get_curves(model: str, batch_size: int, engine: Engine | None = None) -> dic
     for row in sorted(rows, key=lambda r: (r.kind, r.gpus)):
         out.setdefault(row.kind, {})[row.gpus] = row.iterations_per_s
     return out
+
+
+def partial_kinds(model: str, batch_size: int, engine: Engine | None = None) -> set[str]:
+    """The kinds whose stored curve for (model, global batch size) is partial."""
+    with Session(_engine(engine)) as session:
+        rows = session.exec(select(ThroughputMeasurement.kind).where(
+            ThroughputMeasurement.model == model, ThroughputMeasurement.global_batch_size == batch_size,
+            ThroughputMeasurement.partial == True)).all()  # noqa: E712 (a SQL expression)
+    return set(rows)
 
 
 def get_curve(model: str, batch_size: int, engine: Engine | None = None, kind: str | None = None

@@ -4,8 +4,8 @@ MSS, progress, projected finish against its deadline, and the allocation over
 time as an embedded plot).
 
 It shows what the control loop knows (its run views: GPUs held, iteration,
-projected finish, at-risk margin); whether a deadline is at risk is the
-loop's to say (`RiskChanged`), not this view's. Everything here is keyed by
+projected finish, at-risk flag); whether a deadline is at risk is the
+loop's to say (`RunView.at_risk`, the flag behind `RiskChanged`), not this view's. Everything here is keyed by
 flow run id; names are only words on the page.
 """
 
@@ -76,7 +76,7 @@ class ClusterView:
                 status=view.phase.value if view.phase == RunPhase.RUNNING else view.phase.shown, share=view.share,
                 gpus=sorted(view.held), iterations_done=float(view.iteration), iterations_total=view.iterations,
                 projected_finish=_dt(view.projected_finish), deadline=_dt(view.deadline),
-                at_risk_within=timedelta(seconds=view.risk_margin_s),
+                at_risk=view.at_risk,
             ))
         self._retire({job.flow_run_id for job in jobs}, now)
         self._live = {job.flow_run_id: job for job in jobs}

@@ -24,6 +24,7 @@ from scheduler_service.loop.actions import (
     GpusLost,
     GuaranteeLost,
     Launch,
+    ProfileNeeded,
     Rejected,
     Release,
     Released,
@@ -32,6 +33,7 @@ from scheduler_service.loop.actions import (
     StartedSlowly,
 )
 from scheduler_service.worker.channels import send, trained_at
+from scheduler_service.worker.profiling import Profiler
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.cluster_view import ClusterView
 from scheduler_service.worker.registry import RunRegistry, ServiceRun
@@ -58,7 +60,7 @@ class Applied:
 
 class Executor:
     def __init__(self, loop: ControlLoop, registry: RunRegistry, reporter: Reporter, cluster: Callable[[], Cluster],
-                 watch: PrefectWatch, view: ClusterView, clock: Callable[[], float]) -> None:
+                 watch: PrefectWatch, view: ClusterView, clock: Callable[[], float], profiler: Profiler) -> None:
         self.loop = loop
         self.registry = registry
         self.reporter = reporter
@@ -66,6 +68,7 @@ class Executor:
         self.watch = watch  # for a run's final state
         self.view = view
         self.clock = clock
+        self.profiler = profiler  # where a run goes back to when its partial curve must be completed first
 
     async def apply(self, actions: list[Action], now: float) -> Applied:
         """Carry out `actions` in order, admissions first (told before any launch)."""
@@ -94,15 +97,19 @@ class Executor:
             case Command():
                 cluster = self.cluster()
                 send(run.channel, action, cluster.locate(action.gpus) if action.gpus else None)
-                margin = view.risk_margin_s if view is not None else 0.0
+                at_risk = view is not None and view.at_risk
                 if isinstance(action, Launch):
                     run.launching(action.gpus)
-                await reporter.allocation(run, action, view, cluster.nodes_of(action.gpus), margin, now)
+                await reporter.allocation(run, action, view, cluster.nodes_of(action.gpus), at_risk, now)
                 return isinstance(action, Launch)
             case Rejected():
                 self.registry.forget(run.run_id)
                 await reporter.rejected(run.run_id, run.flow_run, Rejection.of(
                     action.reason, action.message, action.earliest_feasible_deadline), action.decision_s)
+            case ProfileNeeded():
+                self.profiler.complete_for(run, action.measured_up_to)
+                await reporter.profiling(run, now, f"its model was profiled on {action.measured_up_to} GPU(s) only "
+                                         "while the others were busy: measuring it on more before deciding it")
             case GuaranteeLost():
                 run.admitted(None)
                 await reporter.guarantee_lost(run)

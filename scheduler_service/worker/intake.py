@@ -234,11 +234,11 @@ def new_run(run_id: str, name: str, request: Request, control_root: str, now: fl
 
 
 def arrival(run: ServiceRun, points: dict[int, float], max_job_gpus: int, now: float,
-            by_kind: Mapping[str, dict[int, float]] | None = None) -> Arrived:
+            by_kind: Mapping[str, dict[int, float]] | None = None, measured_up_to: int | None = None) -> Arrived:
     """The run for the control loop to decide, with its throughput curve (on
     each kind, `by_kind`); its job's deadline is the user's (the loop
     derives the plan deadline)."""
     request: Request = run.request
     job = policy_job(run.run_id, now, request.iterations, request.deadline, points, request.model,
                      request.batch_size, max_job_gpus, by_kind, request.team)
-    return Arrived(run.run_id, job, run.taken_in_at)
+    return Arrived(run.run_id, job, run.taken_in_at, measured_up_to)

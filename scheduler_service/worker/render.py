@@ -37,7 +37,7 @@ class JobView(BaseModel):
     iterations_total: float = 0.0
     projected_finish: datetime | None = None  # the policy's; for a finished job, when it finished
     deadline: datetime | None = None  # None: best-effort
-    at_risk_within: timedelta | None = None  # its own at-risk margin (RunState.risk_margin); None: the view's
+    at_risk: bool = False  # the control loop's flag: its one at-risk rule, with hysteresis (loop/loop.py)
 
 
 class TeamView(BaseModel):
@@ -75,8 +75,8 @@ class Outlook(str, Enum):
     """A job's projected finish against its deadline."""
 
     ON_TRACK = "on track"
-    AT_RISK = "at risk"  # projected within the margin of the deadline
-    LATE = "late"  # projected after the deadline, or the deadline passed unfinished
+    AT_RISK = "at risk"  # the loop says so (projected within its margin of the deadline, for a while)
+    LATE = "late"  # at risk and projected after the deadline, waiting with a plan past it, or the deadline passed
     MET = "met"  # finished by its deadline
     MISSED = "missed"  # finished after its deadline
     STOPPED = "stopped"  # ended before its last iteration: cancelled, failed or stopped
@@ -106,18 +106,11 @@ def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
 
 
-def deadline_risk(projected_finish: datetime | None, deadline: datetime | None,
-                  margin: timedelta = DEFAULT_MARGIN) -> bool:
-    """True when the projected finish passes the deadline minus `margin`: the
-    condition for a "deadline at risk" event an automation can act on. A job
-    without a deadline or without a projection is never at risk."""
-    if projected_finish is None or deadline is None:
-        return False
-    return _utc(projected_finish) > _utc(deadline) - margin
-
-
-def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> Outlook:
-    """Where `job` stands against its deadline at time `at`."""
+def outlook(job: JobView, at: datetime) -> Outlook:
+    """Where `job` stands against its deadline at time `at`. Whether a
+    running job is at risk is the control loop's to say (`job.at_risk`, the
+    flag behind its events): a second rule here showed a run at risk while
+    its events said it had recovered."""
     if job.deadline is None:
         return Outlook.BEST_EFFORT
     deadline = _utc(job.deadline)
@@ -131,11 +124,9 @@ def outlook(job: JobView, at: datetime, margin: timedelta = DEFAULT_MARGIN) -> O
         return Outlook.LATE
     if job.projected_finish is None:
         return Outlook.UNKNOWN
-    if _utc(job.projected_finish) > deadline:
+    if _utc(job.projected_finish) > deadline and (job.at_risk or job.status != "running"):
         return Outlook.LATE
-    if deadline_risk(job.projected_finish, deadline, margin if job.at_risk_within is None else job.at_risk_within):
-        return Outlook.AT_RISK
-    return Outlook.ON_TRACK
+    return Outlook.AT_RISK if job.at_risk else Outlook.ON_TRACK
 
 
 def _cell(text: str) -> str:
@@ -253,7 +244,7 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
         gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
         cells = [
             _cell(job.name),
-            _MARK[outlook(job, snapshot.at, margin)] + ("" if job.status in _PLAIN else f" · {_cell(job.status)}"),
+            _MARK[outlook(job, snapshot.at)] + ("" if job.status in _PLAIN else f" · {_cell(job.status)}"),
             _progress(job),
             _when(job.projected_finish, snapshot.at, relative_too=False),  # the outlook says how it stands
             _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
@@ -270,7 +261,7 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
     with how far they are from `snapshot.at`."""
     at = _utc(snapshot.at).astimezone(timezone.utc)
     busy = len({g for job in snapshot.jobs for g in job.gpus})
-    outlooks = [outlook(job, snapshot.at, margin) for job in snapshot.jobs]
+    outlooks = [outlook(job, snapshot.at) for job in snapshot.jobs]
     counts = [f"{outlooks.count(o)} {o.value}" for o in (Outlook.LATE, Outlook.AT_RISK) if o in outlooks]
     summary = (f"{at:%Y-%m-%d %H:%M:%S} UTC · {snapshot.topology} · {busy}/{snapshot.num_gpus} GPUs busy · "
                f"{len(snapshot.jobs)} job{'s' if len(snapshot.jobs) != 1 else ''}")
@@ -283,5 +274,5 @@ def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARG
         "## Jobs", "", jobs_markdown(snapshot, margin), "",
         (f"_Finish: projected finish. MSS: minimum satisfactory share, the fewest GPUs that meet the deadline. "
          f"At risk: projected finish within {_duration(margin)} of the deadline, or within half the room its "
-         f"plan keeps if that is less._"),
+         f"plan keeps if that is less, for half a minute (the same rule as the deadline events)._"),
     ])

@@ -149,8 +149,8 @@ class Reporter:
         if team:
             self.publisher.relate_team(run.run_id, team)
 
-    async def profiling(self, run: ServiceRun, now: float) -> None:
-        why = "profiling the throughput of this model on first use"
+    async def profiling(self, run: ServiceRun, now: float,
+                        why: str = "profiling the throughput of this model on first use") -> None:
         self.store.upsert_job(run.run_id, RunPhase.PROFILING, message=why)
         await self._waiting_state(run, StateName.PROFILING, now, why)
 
@@ -224,14 +224,14 @@ class Reporter:
         await self._waiting_state(run, StateName.WAITING, now, why)
 
     async def allocation(self, run: ServiceRun, command: Command, view: RunView | None, nodes: list[str],
-                         margin_s: float, now: float) -> None:
+                         at_risk: bool, now: float) -> None:
         """A launch, a resize, a park or a stop: a store row, its history, labels, an event, a line."""
         action, gpus = command.kind, command.gpus
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=action.value, gpus=gpus_label(gpus)))
         if action == AllocationAction.STOP:
             await self.in_background(self._history_now, run, action, (), view, lane=run.run_id)
             return
-        self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus))
+        self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus), at_risk=at_risk)
         await self.in_background(self._history_now, run, action, gpus, view, lane=run.run_id)
         await self.in_background(self.publisher.labels, run.run_id, {
             Label.GPUS: gpus_label(gpus), Label.WORLD_SIZE: len(gpus), Label.NODES: ",".join(nodes)},
@@ -239,7 +239,7 @@ class Reporter:
         self.publisher.event(run.run_id, EventName.ALLOCATION_CHANGED, {
             "action": action.value, "gpus": list(gpus), "world_size": len(gpus), "nodes": nodes}, nodes=nodes)
         finish = view.projected_finish if view is not None else None
-        self.tell(run, f"{VERBS.get(action, action.value)} {outlook_line(run.deadline, finish, now, margin_s, gpus, nodes)}")
+        self.tell(run, f"{VERBS.get(action, action.value)} {outlook_line(run.deadline, finish, now, at_risk, gpus, nodes)}")
 
     def started(self, run: ServiceRun, took_s: float) -> None:
         """How long its start took: in the store only, for the next worker to recall."""
@@ -277,6 +277,7 @@ class Reporter:
         from scheduler_service.contracts import epoch_to_datetime
 
         event = EventName.DEADLINE_AT_RISK if change.at_risk else EventName.DEADLINE_RECOVERED
+        self.store.upsert_job(run.run_id, at_risk=change.at_risk)  # what `elasticflow status` says of it
         finish, deadline = epoch_to_datetime(change.projected_finish), epoch_to_datetime(change.deadline)
         self.publisher.event(run.run_id, event, {
             "flow_run_name": run.name, "model": run.model, "projected_finish": iso(change.projected_finish),

@@ -20,9 +20,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scheduler_service.loop import LoopSettings
 from scheduler_service.markdown import markdown_table
 from scheduler_service.policy.overhead import RestartOverhead
-from scheduler_service.policy.registry import DEFAULT_POLICY
 
 PREFIX = "ELASTICFLOW_"
+LOOP = LoopSettings()  # the defaults of what the loop decides with have their one home there
 
 
 class SettingsError(SystemExit):
@@ -43,22 +43,22 @@ class WorkerSettings(BaseSettings):
         None, "the service's store (any SQLAlchemy URL, e.g. `postgresql+psycopg://...`)",
         "SQLite under `ELASTICFLOW_HOME`")
     policy: str = _setting(
-        DEFAULT_POLICY, "scheduling policy, by its registered name: `elasticflow` is the paper's; the "
+        LOOP.policy, "scheduling policy, by its registered name: `elasticflow` is the paper's; the "
         "default also prices how committed a run's window is, and stays within 0.01 of it when the cluster is "
-        "not overloaded (docs/scheduling.md)", f"`{DEFAULT_POLICY}`")
-    interval_s: float = _setting(5.0, "slot length: the policy re-plans once per slot, and when runs arrive", "5",
-                                 gt=0)
-    poll_s: float = _setting(1.0, "how often the worker looks for new runs and acts on plans (at most a slot)", "1",
-                             gt=0)
+        "not overloaded (docs/scheduling.md)", f"`{LOOP.policy}`")
+    interval_s: float = _setting(LOOP.interval_s, "slot length: the policy re-plans once per slot, and when runs "
+                                 "arrive", f"{LOOP.interval_s:g}", gt=0)
+    poll_s: float = _setting(LOOP.poll_s, "how often the worker looks for new runs and acts on plans (at most a slot)",
+                             f"{LOOP.poll_s:g}", gt=0)
     at_risk_s: float = _setting(
-        60.0, "a running run's deadline is at risk (cluster view, `elasticflow.deadline.at-risk` event) when its "
-        "projected finish comes within this of it (or half the room its plan keeps, if less); at least a slot",
-        "60", ge=0)
+        LOOP.at_risk_s, "a running run's deadline is at risk (cluster view, `elasticflow.deadline.at-risk` event) "
+        "when its projected finish comes within this of it (or half the room its plan keeps, if less); at least a slot",
+        f"{LOOP.at_risk_s:g}", ge=0)
     warm_start: bool = _setting(True, "0: start every flow process cold instead of forking it from the warm-start "
                                 "server", "1")
     safety_margin: float = _setting(
-        0.05, "room kept in front of an admitted run's deadline, as a fraction of its window (at least a slot), "
-        "for a machine slower than its profile", "0.05", ge=0, lt=0.5)
+        LOOP.safety_margin, "room kept in front of an admitted run's deadline, as a fraction of its window (at "
+        "least a slot), for a machine slower than its profile", f"{LOOP.safety_margin:g}", ge=0, lt=0.5)
     restart_s: float = _setting(
         2.0, "a run's restart on a new GPU set (+0.5 s to stop); plans charge it with the hand-over before it "
         "(the GPUs' previous holder stops, 0.5 s, and a poll sees it)", "2", ge=0)
@@ -66,7 +66,8 @@ class WorkerSettings(BaseSettings):
         1.0, "a resize that keeps some of a run's GPUs, made in place, in place of `restart_s`; the change under "
         "way is charged it, or the longest of the last ten seen if more", "1", ge=0)
     launch_s: float | None = _setting(
-        None, "launch to first iteration of a new run; the part beyond a restart is kept in front of its deadline",
+        LOOP.launch_s, "launch to first iteration of a new run; the part beyond a restart is kept in front of its "
+        "deadline",
         "15, raised by starts seen", ge=0)
     publish_concurrency: int = _setting(
         16, "Prefect API requests in flight when a burst of decisions is published (more on PostgreSQL)", "16",

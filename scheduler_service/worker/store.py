@@ -45,6 +45,7 @@ class RunRecord(SQLModel, table=True):
     message: str = ""
     outcome: str | None = None  # an Outcome, once it ended: from its final Prefect state
     team: str | None = None  # its work queue, on a cluster shared by teams
+    at_risk: bool | None = None  # the control loop's at-risk flag, as its last RiskChanged set it
     updated_at: datetime = Field(default_factory=_now)
 
 

@@ -145,6 +145,7 @@ class TakeIn:
 
     async def _take_in(self, entry: Any, now: float) -> None:
         from scheduler_service.store import get_curves
+        from scheduler_service.store.throughput import partial_kinds
 
         flow_run = entry.flow_run
         try:
@@ -165,7 +166,12 @@ class TakeIn:
         kinds = kinds_of(self.loop.topology)
         points, by_kind = intake.one_curve(stored), intake.kind_curves(stored, kinds)
         if points and (by_kind or not kinds):
-            self.loop.handle(intake.arrival(run, points, self.loop.topology.max_job_gpus, now, by_kind), now)
+            narrow = None  # a partial curve (one kind only): used for what it measured, completed when GPUs are free
+            if not kinds and (await anyio.to_thread.run_sync(partial_kinds, request.model, request.batch_size)
+                              & set(stored)):
+                narrow = max(points)
+                self.profiler.complete_later(request, narrow)
+            self.loop.handle(intake.arrival(run, points, self.loop.topology.max_job_gpus, now, by_kind, narrow), now)
             self.profiler.measure_later(request, [kind for kind in kinds if kind not in stored])
             return
         self.profiler.wait_for(run)

@@ -27,9 +27,11 @@ def span(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def outlook_line(deadline: float | None, finish: float | None, now: float, margin_s: float,
+def outlook_line(deadline: float | None, finish: float | None, now: float, at_risk: bool,
                  gpus: tuple[int, ...], nodes: list[str]) -> str:
-    """Where the run stands, in one line: GPUs and nodes, projected finish against the deadline."""
+    """Where the run stands, in one line: GPUs and nodes, projected finish
+    against the deadline. At risk or not is the control loop's flag, the
+    one its deadline events follow, not a rule of this line's own."""
     where = f"on {len(gpus)} GPU{'s' if len(gpus) != 1 else ''} {gpus_label(gpus)} ({', '.join(nodes)})" \
         if gpus else "holding no GPUs"
     if deadline is None:
@@ -37,7 +39,7 @@ def outlook_line(deadline: float | None, finish: float | None, now: float, margi
     if finish is None:
         return f"{where}; deadline {clock(deadline)}"
     spare = deadline - finish
-    verdict = ("late" if spare < 0 or now > deadline else "at risk" if spare < margin_s else "on track")
+    verdict = "late" if now > deadline or at_risk and spare < 0 else "at risk" if at_risk else "on track"
     return (f"{where}; projected finish {clock(finish)}, deadline {clock(deadline)}: {verdict} "
             f"({span(abs(spare))} {'to spare' if spare >= 0 else 'late'})")
 

@@ -27,9 +27,9 @@ from prefect.workers.process import ProcessWorker
 
 from flows.training.launch import LaunchSpec
 from flows.training.pause import stack_stopping, stopped_at
-from scheduler_service.contracts import EventName, Rejection, RunPhase, epoch_to_datetime
+from scheduler_service.contracts import EventName, RejectionReason, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
-from scheduler_service.loop.events import CancelRequested, Ended, Event, StartsRecalled
+from scheduler_service.loop.events import CancelRequested, Ended, Event, ProfileFailed, StartsRecalled
 from scheduler_service.loop.start_cost import SEEN
 from scheduler_service.policy.topology import kinds_of
 from scheduler_service.text import one_line_logs
@@ -151,7 +151,7 @@ class ElasticFlowWorker(ProcessWorker):
                                  self.settings.publish_concurrency)
         self.watch = PrefectWatch(client, self.backend)
         self.executor = Executor(self.loop, self.registry, self.reporter, lambda: self.cluster, self.watch,
-                                 self.view, self.clock)
+                                 self.view, self.clock, self.profiler)
         self.take_in = TakeIn(client, self.settings, self.registry, self.loop, self.profiler, self.reporter,
                               lambda: self.cluster.device)
 
@@ -233,13 +233,12 @@ class ElasticFlowWorker(ProcessWorker):
         events += reservations
         for outcome in outcomes:
             if outcome.points is None:
-                self.registry.forget(outcome.run.run_id)
-                await self.reporter.rejected(outcome.run.run_id, outcome.run.flow_run, Rejection.of(
-                    outcome.reason, outcome.message, None))
+                events.append(ProfileFailed(outcome.run.run_id, outcome.reason or RejectionReason.PROFILING_FAILED,
+                                            outcome.message))
             else:
                 by_kind = intake.kind_curves({"": outcome.points}, kinds_of(self.loop.topology))
                 events.append(intake.arrival(outcome.run, outcome.points, self.loop.topology.max_job_gpus, now,
-                                             by_kind))
+                                             by_kind, outcome.measured_up_to))
         for run_id in [e.run_id for e in events if isinstance(e, Ended)]:
             self.profiler.forget(run_id)
             if run_id not in views:  # never decided: nothing of it is the loop's
@@ -259,8 +258,7 @@ class ElasticFlowWorker(ProcessWorker):
 
     async def decide(self, now: float, events: list[Event] | None = None) -> Applied:
         """Tell the loop what happened, step it, and carry out what it decides."""
-        actions = [action for event in events or [] for action in self.loop.handle(event, now)]
-        return await self.executor.apply(actions + self.loop.step(now), now)
+        return await self.executor.apply(self.loop.tick(events or [], now), now)
 
     def clock(self) -> float:
         """Now, on the loop's clock: epoch seconds."""

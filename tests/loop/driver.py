@@ -16,8 +16,9 @@ T0 = 1000.0
 CURVE = ThroughputCurve({1: 20.0, 2: 36.0})
 # A slot of 2 s and a 1 s restart charged (a 0.25 s stop, the previous
 # holder's 0.25 s stop, 0.5 s to start; no poll): the service's shape, shrunk.
+# No safety margin beyond the slot: the tests count the seconds a plan keeps.
 SETTINGS = LoopSettings(policy="elasticflow", interval_s=2.0, overhead=RestartOverhead(0.25, 0.5, 0.0),
-                        poll_s=0.0, launch_s=1.0)
+                        poll_s=0.0, launch_s=1.0, safety_margin=0.0)
 
 
 def job(run_id: str, submit: float, iterations: float, deadline: float | None,

@@ -137,3 +137,44 @@ def test_a_run_that_holds_nothing_is_planned_again_once_its_deadline_passes() ->
     # Its deadline on the plan's scale is T0 + 3 (a slot of margin kept): the first boundary after it.
     launched = d.new(d.step(T0 + 4), Launch)
     assert calls == [T0, T0 + 4] and launched["a"].gpus == (0, 1)
+
+
+def test_a_lasting_gap_from_the_profile_is_what_the_next_runs_of_the_model_are_planned_with() -> None:
+    """Issue 42: the profile's speed and the speed runs really train at are
+    compared as they train; a gap that lasts (three slots in a row) is what
+    the model's next runs are admitted on, and it closes again when runs
+    train at their profile once more. A model is never planned faster than
+    it was measured."""
+    from scheduler_service.loop.actions import Rejected
+    from scheduler_service.policy import Job, ThroughputCurve
+
+    curve = ThroughputCurve({1: 20.0, 2: 36.0})
+
+    def resnet(run_id: str, at: float, iterations: float, deadline: float | None) -> Job:
+        return Job(run_id, at, iterations, deadline, curve, model="resnet", batch_size=32)
+
+    def trains(d: Driver, run_id: str, start: float, seconds: int, rate: float) -> float:
+        done = 0.0
+        for second in range(1, seconds + 1):
+            done += rate
+            d.report(run_id, start + second, int(done), (0, 1), rate=rate)
+            d.step(start + second)
+        d.handle(Ended(run_id), start + seconds + 1)
+        d.step(start + seconds + 1)
+        return start + seconds + 2
+
+    d = Driver()
+    d.arrive(resnet("slow", T0, 100_000, None))
+    d.step(T0)
+    d.ack("slow", T0)
+    now = trains(d, "slow", T0, 40, 36 * 0.6)  # 60% of its profile, slot after slot
+    d.arrive(resnet("next", now, 3000, now + 110))  # 83 s at the profile's speed, 139 s at the speed seen
+    (rejected,) = d.new(d.step(now), Rejected).values()
+    assert rejected.earliest_feasible_deadline is not None and rejected.earliest_feasible_deadline > now + 139
+
+    d.arrive(resnet("fast", now + 1, 100_000, None))
+    d.step(now + 1)
+    d.ack("fast", now + 1)
+    now = trains(d, "fast", now + 1, 40, 36.0)  # back at its profile
+    d.arrive(resnet("again", now, 3000, now + 110))
+    assert "again" in d.new(d.step(now), Admitted)

@@ -93,3 +93,29 @@ def test_after_a_resize_the_outlook_waits_for_a_rate_at_the_new_width() -> None:
     run.acknowledge(run.move((0, 1), T0 + 600), (0, 1))
     run.report(6000, (0, 1), None, None)
     assert run.projected_finish(T0 + 610) == T0 + 2500  # the plan's, not the old width's
+
+
+def test_a_projection_swinging_across_both_bounds_within_seconds_flips_only_on_real_changes() -> None:
+    """Issue 42: a resnet run went at risk, recovered, at risk, recovered
+    within 9 s and met its deadline with time to spare. A slow model (an
+    iteration every 3.3 s) measured over two minutes swings its projection
+    by ~20 s between two iterations, across both bounds of a short run's
+    margin: the value hysteresis alone flipped it hundreds of times. Now it
+    goes at risk once when it really stalls, and recovers once when it
+    really catches up."""
+    d = Driver()
+    d.arrive(job("a", T0, 600, T0 + 2012, ThroughputCurve({1: 0.2, 2: 0.3})))  # 2,000 s of work, 12 s to spare
+    d.step(T0)
+    d.ack("a", T0)
+    changes: list[tuple[int, bool]] = []
+    views = []
+    done = 0.0
+    for second in range(1, 1700):
+        done += 0.0 if 600 <= second < 700 else 0.6 if second >= 900 else 0.3  # on plan, stalls, catches up
+        d.report("a", T0 + second, int(done), (0, 1), rate=0.3)
+        changes += [(second, c.at_risk) for c in d.new(d.step(T0 + second), RiskChanged).values()]
+        views.append((len(changes) % 2 == 1, d.loop.view("a", T0 + second)))
+    assert [at_risk for _, at_risk in changes] == [True, False]
+    (went, _), (back, _) = changes
+    assert 600 < went < 700 and back > 900
+    assert all(view is not None and view.at_risk == flagged for flagged, view in views)  # what every display reads

@@ -92,3 +92,39 @@ def test_the_loop_charges_a_resize_that_keeps_gpus_as_in_place_and_learns_what_i
     run.retarget((2, 3))  # none of its GPUs: a restart from its checkpoint
     d.step(T0 + 1.3)
     assert d.commands["a"].gpus == (2, 3) and not run.in_place
+
+
+def test_a_deadline_the_work_meets_but_not_the_start_here_is_rejected_as_sooner_than_start_up() -> None:
+    """Issue 42: 500 mlp iterations (under a second) due in 20 s were refused
+    as infeasible even on an idle cluster; the start is what does not fit.
+    The reason names it, with the start-up measured here, and the earliest
+    deadline it gives is one the loop admits."""
+    from scheduler_service.contracts import RejectionReason
+    from scheduler_service.loop import LoopSettings
+    from scheduler_service.loop.actions import Admitted, Rejected
+    from scheduler_service.loop.events import StartsRecalled
+    from scheduler_service.policy import ThroughputCurve
+    from scheduler_service.policy.overhead import RestartOverhead
+
+    service = LoopSettings(interval_s=5.0, overhead=RestartOverhead(0.5, 2.0, 0.0, in_place_s=1.0), poll_s=1.0,
+                           launch_s=None, safety_margin=0.05)  # the worker's defaults
+    mlp = ThroughputCurve({1: 800.0, 2: 1400.0})
+    d = Driver(settings=service)
+    d.arrive(job("soon", T0, 500, T0 + 20, mlp))
+    (rejected,) = d.new(d.step(T0), Rejected).values()
+    assert rejected.reason is RejectionReason.SOONER_THAN_START_UP  # was infeasible_even_on_an_idle_cluster
+    assert "15 s to start" in rejected.message and "500 iterations" in rejected.message  # the default start-up
+
+    d.handle(StartsRecalled((22.0, 9.0)), T0)  # starts seen here: the longest took 22 s
+    d.arrive(job("sooner", T0, 500, T0 + 20, mlp))
+    (rejected,) = d.new(d.step(T0), Rejected).values()
+    assert rejected.reason is RejectionReason.SOONER_THAN_START_UP and "22 s to start" in rejected.message
+    earliest = rejected.earliest_feasible_deadline
+    assert earliest is not None and T0 + 22 < earliest < T0 + 60
+
+    d.arrive(job("later", T0 + 1, 500, earliest, mlp))
+    assert "later" in d.new(d.step(T0 + 1), Admitted)
+
+    d.arrive(job("long", T0 + 2, 1_000_000, T0 + 200, mlp))  # the work itself does not fit: the reason stays
+    (infeasible,) = d.new(d.step(T0 + 2), Rejected).values()
+    assert infeasible.reason is RejectionReason.INFEASIBLE_ALONE

@@ -20,7 +20,6 @@ from scheduler_service.worker.render import (
     JobView,
     Outlook,
     cluster_markdown,
-    deadline_risk,
     gpu_map_markdown,
     jobs_markdown,
     outlook,
@@ -65,24 +64,15 @@ def table_rows(markdown: str, first_header: str) -> list[list[str]]:
 
 # -- deadline risk and outlook -------------------------------------------------
 
-def test_deadline_risk_is_the_projection_passing_the_deadline_minus_the_margin() -> None:
-    margin = timedelta(seconds=60)
-    assert not deadline_risk(s(100), s(200), margin)
-    assert not deadline_risk(s(140), s(200), margin)  # exactly at deadline - margin: not yet
-    assert deadline_risk(s(141), s(200), margin)
-    assert deadline_risk(s(300), s(200), margin)
-    assert not deadline_risk(None, s(200), margin)
-    assert not deadline_risk(s(300), None, margin)
-    # naive times are UTC, not an exception
-    assert deadline_risk(s(300).replace(tzinfo=None), s(200), margin)
-
-
 @pytest.mark.parametrize(
     ("fields", "at", "expected"),
     [
         (dict(projected_finish=s(100), deadline=s(600)), 0, Outlook.ON_TRACK),
-        (dict(projected_finish=s(580), deadline=s(600)), 0, Outlook.AT_RISK),
-        (dict(projected_finish=s(601), deadline=s(600)), 0, Outlook.LATE),
+        (dict(projected_finish=s(580), deadline=s(600), at_risk=True), 0, Outlook.AT_RISK),
+        (dict(projected_finish=s(580), deadline=s(600)), 0, Outlook.ON_TRACK),  # the loop's flag decides
+        (dict(projected_finish=s(601), deadline=s(600), at_risk=True), 0, Outlook.LATE),
+        (dict(projected_finish=s(601).replace(tzinfo=None), deadline=s(600), at_risk=True), 0, Outlook.LATE),
+        (dict(projected_finish=s(601), deadline=s(600), status="waiting"), 0, Outlook.LATE),  # its plan is late
         (dict(projected_finish=s(590), deadline=s(600)), 700, Outlook.LATE),  # deadline passed, not finished
         (dict(projected_finish=None, deadline=s(600)), 0, Outlook.UNKNOWN),
         (dict(projected_finish=None, deadline=None, share=None), 0, Outlook.BEST_EFFORT),
@@ -90,11 +80,12 @@ def test_deadline_risk_is_the_projection_passing_the_deadline_minus_the_margin()
         (dict(status="finished", projected_finish=s(590), deadline=s(600)), 700, Outlook.MET),
         (dict(status="finished", projected_finish=s(610), deadline=s(600)), 700, Outlook.MISSED),
     ],
-    ids=["on-track", "at-risk", "late", "deadline-passed", "no-projection", "best-effort",
+    ids=["on-track", "at-risk", "near-but-not-flagged", "late", "late-naive-utc", "waiting-planned-late",
+         "deadline-passed", "no-projection", "best-effort",
          "best-effort-projected", "met", "missed"],
 )
 def test_outlook(fields: dict, at: float, expected: Outlook) -> None:
-    assert outlook(job("a", **fields), s(at), timedelta(seconds=60)) is expected
+    assert outlook(job("a", **fields), s(at)) is expected
 
 
 # -- the cluster markdown --------------------------------------------------------
@@ -104,7 +95,7 @@ def test_jobs_are_listed_earliest_deadline_first_with_best_effort_last_and_their
         job("best", share=None, gpus=[], status="waiting"),
         job("relaxed", share=1, gpus=[0, 1], deadline=s(3600), projected_finish=s(600),
             iterations_done=250, iterations_total=1000),
-        job("tight", share=2, gpus=[2, 3], deadline=s(300), projected_finish=s(290),
+        job("tight", share=2, gpus=[2, 3], deadline=s(300), projected_finish=s(290), at_risk=True,
             iterations_done=1, iterations_total=3),
         job("doomed", share=1, gpus=[], status="waiting", deadline=s(200), projected_finish=s(260)),
     )

@@ -40,6 +40,6 @@ def test_a_run_that_finished_unseen_ends_with_the_iterations_its_rank_reported(t
     channel.publish_status({"iteration": 224, "total_iterations": 224})
     run = ServiceRun("r1", "calm-otter", channel, 2_000.0, model="mlp", iterations=224, taken_in_at=0.0)
     reporter = _Reporter()
-    executor = Executor(None, None, reporter, lambda: None, _Watch(), _View(), lambda: 1_000.0)  # type: ignore[arg-type]
+    executor = Executor(None, None, reporter, lambda: None, _Watch(), _View(), lambda: 1_000.0, None)  # type: ignore[arg-type]
     asyncio.run(executor._tell_how_it_ended(run, Release("r1", True, iteration=0, iterations=224)))
     assert reporter.told == [Outcome.MET]

@@ -71,7 +71,7 @@ def test_runs_of_one_model_share_one_measurement_on_reserved_gpus(tmp_path: Path
     assert sorted(o.run.run_id for o in outcomes) == ["a", "b"] and calls == [(0, 1)]
     assert all(o.points == {1: 10.0, 2: 18.0} for o in outcomes)
     assert profiling.reserved() == set() and profiling.profiler.sizes() == {
-        "waiting": 0, "running": 0, "queued": 0, "blocked": 0, "later": 0, "measuring": 0}
+        "waiting": 0, "running": 0, "queued": 0, "blocked": 0, "later": 0, "measuring": 0, "incomplete": 0, "completing": 0, "narrow": 0}
 
 
 def test_a_failed_measurement_rejects_its_runs_with_the_users_error(tmp_path: Path) -> None:
@@ -211,3 +211,69 @@ def test_a_model_given_by_import_path_is_imported_only_in_the_ranks_never_the_wo
     curve = measure(request, [0], True)
     assert set(curve) == {1} and curve[1] > 0
     assert not (marks / f"imported-{os.getpid()}").exists() and module not in sys.modules
+
+
+def test_a_profile_taken_beside_a_busy_gpu_is_partial_and_completed_before_it_caps_a_run(tmp_path: Path) -> None:
+    """Issue 42: the first resnet run arrived while one of two slots was
+    taken; profiling measured 1 GPU only, and every later resnet run was
+    planned on at most 1 GPU and refused as "even the whole cluster at 1
+    GPUs cannot finish". Now the curve is partial: a run that needs more
+    than it measured waits for it to be measured on both GPUs once they are
+    free, and is then admitted on both."""
+    from scheduler_service.loop.actions import Admitted, ProfileNeeded, Rejected
+    from scheduler_service.loop.events import Unreserved
+    from scheduler_service.worker.intake import arrival
+
+    calls: list[tuple[int, ...]] = []
+
+    def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
+        calls.append(tuple(gpus))
+        return {1: 10.0, 2: 18.0} if len(gpus) == 2 else {1: 10.0}
+
+    def resnet(run_id: str, iterations: int, deadline_in_s: float):  # type: ignore[no-untyped-def]
+        request = read_request({"model": "resnet", "iterations": iterations, "deadline": f"+{deadline_in_s:.0f}s",
+                                "hyperparameters": {"global_batch_size": 32}}, NOW)
+        return new_run(run_id, run_id, request, str(tmp_path), NOW)
+
+    profiling = Profiling(measure)
+    profiling.loop.handle(Reserved("someone else", (1,)), NOW)  # one of the two slots is taken
+    profiling.profiler.wait_for(resnet("first", 100, 1500))
+    (first,) = _until(profiling, NOW, 1)
+    assert calls == [(0,)] and first.points == {1: 10.0} and first.measured_up_to == 1  # partial: GPU 1 was busy
+    assert profiling.profiler.sizes()["incomplete"] == 1  # to be completed when a wider block is free
+
+    urgent = resnet("urgent", 3000, 270)  # 300 s on one GPU, 167 s on two: only two GPUs meet it
+    loop = profiling.loop
+    loop.handle(arrival(urgent, first.points, 2, NOW + 1, measured_up_to=first.measured_up_to), NOW + 1)
+    actions = loop.step(NOW + 1)
+    assert not [a for a in actions if isinstance(a, Rejected)]  # not refused for counts never measured
+    (needed,) = [a for a in actions if isinstance(a, ProfileNeeded)]
+    assert needed.measured_up_to == 1 and loop.view("urgent", NOW + 1) is None  # the profiler's again
+
+    profiling.profiler.complete_for(urgent, needed.measured_up_to)
+    assert profiling.poll(NOW + 2) == [] and calls == [(0,)]  # one GPU free only: not measured again on it
+    loop.handle(Unreserved("someone else"), NOW + 3)
+    (completed,) = _until(profiling, NOW + 4, 1)
+    assert calls == [(0,), (0, 1)] and completed.points == {1: 10.0, 2: 18.0} and completed.measured_up_to is None
+    loop.handle(arrival(urgent, completed.points, 2, NOW + 5, measured_up_to=completed.measured_up_to), NOW + 5)
+    (admitted,) = [a for a in loop.step(NOW + 5) if isinstance(a, Admitted)]
+    assert admitted.run_id == "urgent" and admitted.guaranteed and admitted.share == 2  # planned on both GPUs
+    _until_idle(profiling, NOW + 6)
+    assert profiling.reserved() == set() and profiling.profiler.sizes()["narrow"] == 0
+
+
+def test_a_curve_measured_on_fewer_gpus_than_the_model_could_use_is_stored_as_partial_until_completed(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from scheduler_service.store import get_curves
+    from scheduler_service.store.throughput import partial_kinds
+    from scheduler_service.worker.cluster import Cluster
+    from scheduler_service.worker.profiling import measure_where_runs_train
+
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(tmp_path / "home"))
+    cluster = Cluster(Topology(1, 1, 2), "cpu", ("node-0",), "test")
+    measure = measure_where_runs_train("cpu", 4, 600, lambda: cluster, None)  # two ranks start slowly on a busy machine
+    request = _run(tmp_path, "a").request
+    measure(request, [0], True)  # GPU 1 was busy
+    assert set(get_curves("mlp", 32)[""]) == {1} and partial_kinds("mlp", 32) == {""}
+    measure(request, [0, 1], True)  # completed once both were free
+    assert set(get_curves("mlp", 32)[""]) == {1, 2} and partial_kinds("mlp", 32) == set()

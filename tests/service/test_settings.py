@@ -69,3 +69,16 @@ def test_ranks_as_root_are_warned_of_and_an_unreadable_python_refused(monkeypatc
         monkeypatch.setenv("ELASTICFLOW_RANK_USER", "nobody")
         with pytest.raises(SettingsError, match="install Python and the project where it can read them"):
             load_settings()
+
+
+def test_each_loop_default_has_one_home_that_the_worker_and_the_simulator_read() -> None:
+    """The simulator planned with a safety margin read from the worker's
+    settings, the loop's own default was 0.0 (issue 42): LoopSettings holds
+    the service's defaults now."""
+    from scheduler_service.loop import LoopSettings
+    from scheduler_service.simulator.service import ServiceOptions
+
+    worker, home = load_settings().loop(), LoopSettings()
+    for name in ("policy", "interval_s", "poll_s", "launch_s", "safety_margin", "at_risk_s"):
+        assert getattr(worker, name) == getattr(home, name), name
+    assert ServiceOptions().safety_margin == home.safety_margin == 0.05

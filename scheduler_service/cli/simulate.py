@@ -4,6 +4,7 @@ on a trace, and see job by job where one differs from a reference."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -21,6 +22,8 @@ from scheduler_service.simulator.outcomes import (
     line_up, read_jobs_csv, read_reference, reference_ratio, write_jobs_csv, write_lined_up,
 )
 from scheduler_service.simulator.report import results_table, write_json, write_plot
+from scheduler_service.simulator.metrics import PolicyResult
+from scheduler_service.simulator.noise import Noise, SlowPeriods
 from scheduler_service.simulator.service import Actuation as Actuation_
 from scheduler_service.simulator.service import ServiceOptions
 
@@ -35,7 +38,7 @@ errors = Console(stderr=True)
 
 
 def run_experiment(experiment: Experiment, policies: list[str], json_out: Path | None, plot_out: Path | None,
-                   jobs_out: Path | None = None) -> None:
+                   jobs_out: Path | None = None, show: bool = True) -> list[PolicyResult]:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         errors.print(f"error: unknown policy {unknown[0]!r}; known: {', '.join(sorted(POLICIES))}")
@@ -56,6 +59,8 @@ def run_experiment(experiment: Experiment, policies: list[str], json_out: Path |
         except InputError as exc:
             errors.print(f"error: {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+    if not show:
+        return results
     title = f"{experiment.trace.stem} on {experiment.cluster.stem} (interval {experiment.interval:g} s)"
     console.print(results_table(results, title))
     bounds = experiment.team_bounds()
@@ -74,6 +79,7 @@ def run_experiment(experiment: Experiment, policies: list[str], json_out: Path |
     if jobs_out is not None:
         write_jobs_csv(jobs_out, runs)
         console.print(f"wrote {jobs_out}")
+    return results
 
 
 @app.command()
@@ -103,7 +109,15 @@ def simulate(
         None, "--in-place-s", min=0, help="service: a resize that keeps some GPUs is made in place and costs this "
                                            "instead of the restart's 27 s (the stop and the 2 s per level stay); "
                                            "default: every resize costs a restart"),
-    noise: float = typer.Option(0.0, min=0, help="service: spread of delays and speeds (lognormal sigma)"),
+    noise: float = typer.Option(0.0, min=0, max=2, help="service: each run trains at its curve's speed times a "
+                                "factor of its own, lognormal with this sigma (faster or slower); with any noise, "
+                                "the noiseless run of the same trace is printed beside it"),
+    jitter: float = typer.Option(0.0, min=0, max=2, help="service: and a factor drawn anew at each start on a "
+                                 "GPU set (lognormal sigma)"),
+    start_noise: float = typer.Option(0.0, min=0, max=2, help="service: starts and restarts take their modelled "
+                                      "time times a lognormal factor of this sigma"),
+    slow_periods: bool = typer.Option(False, help="service: now and then half of a node's GPUs run at half "
+                                      "speed for a while (every 6 h a node, 30 min, on average)"),
     seed: int = typer.Option(0, help="service: the noise's seed"),
     teams: Optional[Path] = typer.Option(
         None, help="Teams file (YAML, infra/teams.yaml's shape): each job is admitted on the share of the team "
@@ -111,11 +125,30 @@ def simulate(
                    "each policy runs in one queue too, and each team's LP bound on its share is shown."),
 ) -> None:
     """Replay a job trace against scheduling policies and compare deadline ratios."""
-    service = ServiceOptions(launch_s=launch_s, in_place_s=in_place_s, actuation=Actuation_(noise=noise, seed=seed),
+    noisy = Noise(seed=seed, speed_sigma=noise, jitter_sigma=jitter, start_sigma=start_noise,
+                  slow=SlowPeriods() if slow_periods else None)
+    service = ServiceOptions(launch_s=launch_s, in_place_s=in_place_s, actuation=Actuation_(noise=noisy),
                              **({} if safety_margin is None else {"safety_margin": safety_margin}))
     experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"),
                             interval, actuations=tuple(a.value for a in actuation), service=service, teams=teams)
-    run_experiment(experiment, policy, json_out, plot, jobs_csv)
+    results = run_experiment(experiment, policy, json_out, plot, jobs_csv)
+    if not noisy.quiet and results:
+        quiet = replace(experiment, service=service.model_copy(update={"actuation": Actuation_()}))
+        print_beside_noiseless(results, run_experiment(quiet, policy, None, None, None, show=False), noisy)
+
+
+def print_beside_noiseless(noisy: list[PolicyResult], quiet: list[PolicyResult], noise: Noise) -> None:
+    """Each noisy result beside the same policy's on the exact cluster: what the noise cost."""
+    said = noise.model_dump(exclude_defaults=True)
+    console.print(f"under noise {said}:", highlight=False)
+    for mine, exact in zip(noisy, quiet):
+        if mine.actuation != "service":
+            continue  # the bare policy plays no noise
+        share = mine.admitted_missed / max(mine.admitted_deadline, 1)
+        console.print(f"  {mine.policy}: deadline ratio {mine.deadline_ratio:.3f} (noiseless "
+                      f"{exact.deadline_ratio:.3f}, {mine.deadline_ratio - exact.deadline_ratio:+.3f}); admitted "
+                      f"missed {mine.admitted_missed} of {mine.admitted_deadline} admitted deadline jobs "
+                      f"({100 * share:.1f}%; noiseless {exact.admitted_missed})", highlight=False)
 
 
 @app.command()

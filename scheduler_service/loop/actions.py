@@ -44,9 +44,12 @@ class Rejected:
 @dataclass(frozen=True, slots=True)
 class GuaranteeLost:
     """An admitted run the policy can no longer guarantee (the cluster shrank,
-    or a restarted service found it late): it carries on best-effort."""
+    or a restarted service found it late), or one that can no longer make its
+    deadline at the speed it shows, even on every GPU it may have: it carries
+    on best-effort, and is told at once, with when it should finish."""
 
     run_id: str
+    projected_finish: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,8 +56,9 @@ from scheduler_service.loop.events import (
 )
 from scheduler_service.loop.run import LoopRun, RunView
 from scheduler_service.loop.speed_seen import SpeedSeen
+from scheduler_service.loop.speed_errors import MarginRule, SpeedErrors
 from scheduler_service.loop.start_cost import StartCost
-from scheduler_service.policy import Decision, SchedulingPolicy, SchedulingRequest, make_policy
+from scheduler_service.policy import Decision, Job, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.policy.teams import Team, TeamsPolicy, TeamUse
 from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_of
@@ -88,6 +89,11 @@ class LoopSettings(BaseModel):
     safety_margin: float = 0.05  # fraction of a run's window kept in front of its deadline (at least a slot)
     at_risk_s: float = 60.0  # a deadline is at risk when the projection comes this close (at least a slot)
     teams: tuple[Team, ...] = ()  # teams sharing the cluster, each with its guaranteed share (policy/teams.py)
+    # Its defenses against a cluster slower or faster than the profiles (speed_errors.py): runs planned at the
+    # speed they show, a margin learnt from the speed errors seen (`safety_margin` until enough are), a run
+    # told at once that its guarantee is lost. Off: the loop as it was, the baseline of bench/noise.py.
+    defend: bool = True
+    margin_rule: MarginRule = MarginRule()
 
     @property
     def charged(self) -> RestartOverhead:
@@ -116,6 +122,7 @@ class ControlLoop:
         self.start_cost = StartCost(settings.charged, settings.launch_s, settings.charged.in_place)
         self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
         self.speed_seen = SpeedSeen()  # each model's lasting gap from its profile, for its next runs
+        self.speed_errors = SpeedErrors(settings.margin_rule, settings.safety_margin)
         self.at_risk_s = max(settings.interval_s, settings.at_risk_s)
         self.runs: dict[str, LoopRun] = {}  # decided, until they end
         self.arrivals: list[LoopRun] = []  # to be decided by the next plan
@@ -148,8 +155,8 @@ class ControlLoop:
         match event:
             case Arrived():
                 self.arrivals.append(LoopRun(event.run_id, self.speed_seen.applied(event.job), event.at,
-                                             self.start_cost.reserve(), self.margin, event.measured_up_to,
-                                             profiled_as=event.job))
+                                             self.start_cost.reserve(), self._margin_for(event.job),
+                                             event.measured_up_to, profiled_as=event.job))
             case Adopted():
                 return self._adopt(event)
             case StartsRecalled():
@@ -176,6 +183,13 @@ class ControlLoop:
             case ProfileFailed():  # never arrived: decided here, by the loop, as every run is
                 return [Rejected(event.run_id, event.reason, event.message, None, None)]
         return []
+
+    def _margin_for(self, job: Job) -> SafetyMargin:
+        """The room a new run keeps in front of its deadline: learnt from how
+        far runs of its model on its kind strayed from their profiles."""
+        if not self.settings.defend:
+            return self.margin
+        return SafetyMargin(self.speed_errors.margin(job.model, job.kind), floor_s=self.settings.interval_s)
 
     def _adopt(self, event: Adopted) -> list[Action]:
         """A run an earlier life of the service admitted: running (it is
@@ -292,6 +306,8 @@ class ControlLoop:
         for run in self.runs.values():
             if run.phase == RunPhase.RUNNING and len(run.reported_gpus) == len(run.commanded):
                 self.speed_seen.observe(run.run_id, run.profiled_as, len(run.commanded), run.reported_rate)
+            if run.measured_ratio is not None:
+                self.speed_errors.seen(run.job.model, run.job.kind, run.run_id, run.measured_ratio)
         return bool(self.gone or moved or (self.wake_at is not None and now >= self.wake_at - 1e-6)
                     or any(run.slipped(now, interval) or run.due_between(self.planned_at, now)
                            for run in self.runs.values()))
@@ -303,7 +319,8 @@ class ControlLoop:
         arrivals, self.arrivals = self.arrivals, []
         gone, self.gone = self.gone, []
         status = {run.run_id: run.status(self.start_cost.charge(len(run.commanded), run.in_place), now, elapsed,
-                                         kind_of(self.topology, run.commanded[0]) if run.commanded else "")
+                                         kind_of(self.topology, run.commanded[0]) if run.commanded else "",
+                                         at_measured_speed=self.settings.defend)
                   for run in [*self.runs.values(), *arrivals] if not run.stopping}
         started = time.perf_counter()
         reply = self.policy.schedule(SchedulingRequest(now=now, arrivals=[r.job for r in arrivals], finished=gone,
@@ -403,12 +420,28 @@ class ControlLoop:
             finish = run.projected_finish(now)  # samples its rate, for every running run
             if run.deadline is None:
                 continue
+            if self.settings.defend and run.share is not None and not run.guarantee_lost:
+                changes += self._lost(run, finish, now)
             margin = run.risk_margin(self.at_risk_s, self.settings.interval_s)
             risky = finish is not None and finish > run.deadline - margin
             safe = finish is None or finish <= run.deadline - margin * RECOVER_FACTOR
             if run.weigh_risk(risky, safe, now, RISK_HOLD_S):
                 changes.append(RiskChanged(run.run_id, run.at_risk, finish, run.deadline))
         return changes
+
+    def _lost(self, run: LoopRun, finish: float | None, now: float) -> list[Action]:
+        """A guaranteed run that can no longer make its deadline, even on the
+        widest set it may have at the speed it shows, is told so now, with
+        its projected finish, not when the deadline passes."""
+        widest = self.topology.max_job_gpus
+        levels = run.job.curve.capped(widest)
+        on_widest = bool(levels) and len(run.commanded) == levels[-1]
+        start_s = 0.0 if on_widest or not levels else self.start_cost.charge(levels[-1], False)
+        best = run.cannot_make_it(now, widest, start_s)
+        if best is None:
+            return []
+        run.lose_guarantee()
+        return [GuaranteeLost(run.run_id, max(best, finish or best))]
 
     # -- views -------------------------------------------------------------------
     def _reserved_gpus(self) -> set[int]:

@@ -88,6 +88,8 @@ class LoopRun:
         self.adopted = False  # admitted by an earlier life of the service: never rejected now
         self.stopping = False  # told to stop (it was cancelled): never commanded again
         self.speed_ratio = 1.0  # its measured speed over its profile's, as the plans use it
+        self.measured_ratio: float | None = None  # the same, smoothed, faster or slower: its speed error
+        self.guarantee_lost = False  # told it can no longer make its deadline
         self.planned_finish: float | None = None  # the policy's projection
         self.iteration = 0  # what it last reported
         self.reported_gpus: tuple[int, ...] = ()
@@ -238,7 +240,9 @@ class LoopRun:
         measured = self.reported_rate
         if not measured or measured <= 0 or profiled <= 0 or not gpus or len(self.reported_gpus) != gpus:
             return False
-        ratio = 0.7 * self.speed_ratio + 0.3 * min(1.0, max(0.2, measured / profiled))
+        raw = measured / profiled
+        self.measured_ratio = raw if self.measured_ratio is None else 0.5 * self.measured_ratio + 0.5 * raw
+        ratio = 0.7 * self.speed_ratio + 0.3 * min(1.0, max(0.2, raw))
         if abs(ratio - self.speed_ratio) < 0.03 * self.speed_ratio:
             return False
         curve = self.job.curve
@@ -252,7 +256,7 @@ class LoopRun:
         (the speed it showed elsewhere says nothing about this kind)."""
         if kind and kind != self.job.kind and kind in self.job.kinds:
             self.job = self.job.on(kind)
-            self.speed_ratio = 1.0
+            self.speed_ratio, self.measured_ratio = 1.0, None
 
     def observe(self) -> bool:
         """Once a slot: take in the speed it shows; True if that moved its curve."""
@@ -301,21 +305,42 @@ class LoopRun:
         self.at_risk, self.risk_turning_since = not self.at_risk, None
         return True
 
-    def status(self, overhead: float, now: float, since_boundary_s: float, kind: str = "") -> JobStatus:
+    def status(self, overhead: float, now: float, since_boundary_s: float, kind: str = "",
+               at_measured_speed: bool = False) -> JobStatus:
         """Where it stands for a plan starting at the current slot's boundary
         (a plan made mid-slot counts the whole slot as usable). A running run
         gets back the work it did since the boundary. One not running yet
         cannot use the part of the slot gone: that costs it at most as much
         work as its fastest width does in that time, which is added to what
         is left, so a plan made mid-slot still holds (without it, newcomers
-        decided late in a 240 s slot outran their plans and missed)."""
+        decided late in a 240 s slot outran their plans and missed).
+
+        `at_measured_speed`: what is left is said in iterations of its
+        profile, so that the policy, which plans with the profile, plans the
+        time it really needs: a run at 0.7 of its profile with 700 iterations
+        left has 1000 profile iterations left (a policy told only the 700
+        plans it as on time, and it falls behind again every slot)."""
         curve = self.job.curve
         if self.phase != RunPhase.RUNNING:
             return JobStatus(self.job.iterations + curve.speed(curve.levels[-1]) * since_boundary_s, 0, 0.0)
         gpus = len(self.commanded)
         overhead_left = max(0.0, overhead - (now - self.since)) if gpus else 0.0
         credit = curve.speed(gpus) * since_boundary_s if gpus else 0.0
-        return JobStatus(max(0.0, self.job.iterations - self.iteration + credit), gpus, overhead_left, kind)
+        left = max(0.0, self.job.iterations - self.iteration + credit)
+        return JobStatus(left / self.speed_ratio if at_measured_speed else left, gpus, overhead_left, kind)
+
+    def cannot_make_it(self, now: float, widest: int, start_s: float) -> float | None:
+        """Its finish at best, if even that is past its deadline: on the
+        widest set it may have, at the speed it shows, after a restart."""
+        curve = self.job.curve
+        levels = [g for g in curve.levels if g <= widest]
+        if self.deadline is None or not levels or self.phase == RunPhase.FINISHED:
+            return None
+        best = now + start_s + max(0.0, self.job.iterations - self.iteration) / curve.speed(levels[-1])
+        return best if best > self.deadline else None
+
+    def lose_guarantee(self) -> None:
+        self.guarantee_lost = True
 
     def projected_finish(self, now: float) -> float | None:
         """Its own measured rate once it has shown one for a while; until then

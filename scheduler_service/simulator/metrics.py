@@ -29,6 +29,7 @@ class PolicyResult(BaseModel):
     admitted: int
     rejected: int
     admitted_missed: int  # admitted deadline jobs that still missed
+    admitted_deadline: int = 0  # admitted deadline jobs: what admitted_missed is a share of
     avg_jct_s: float | None  # finished jobs, submit to finish
     gpu_utilization: float  # GPU-seconds held / (GPUs x makespan)
     use_by_kind: dict[str, float] = {}  # the same, per GPU kind of a mixed cluster
@@ -65,6 +66,7 @@ def summarize(run: Run, trace: str = "", cluster: str = "", interval_s: float = 
         jobs=len(records), deadline_jobs=len(deadline), best_effort_jobs=len(records) - len(deadline),
         met_deadline=met, deadline_ratio=met / len(deadline) if deadline else 1.0,
         admitted=len(admitted), rejected=len(rejected), admitted_missed=admitted_missed,
+        admitted_deadline=sum(1 for r in admitted if r.job.deadline is not None),
         avg_jct_s=sum(jct) / len(jct) if jct else None,
         gpu_utilization=held / (run.capacity * makespan) if run.capacity else 0.0, use_by_kind=use_by_kind,
         ratio_by_team=ratio_by_team,

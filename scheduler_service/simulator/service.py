@@ -11,8 +11,8 @@ processes: a launch takes what the loop's own start-cost model says a start
 takes; a resize stops at the next iteration boundary (the plans' stop
 charge), acknowledges, and trains again once the restart is paid; a park
 acknowledges and holds nothing. With `noise`, every delay and every
-segment's speed are drawn around those, from a seeded generator (speeds
-only slower: a profile is the best case).
+segment's speed are drawn around those (noise.py: a run's own speed error,
+slow periods of nodes, starts that vary), from seeded generators.
 
 The loop is stepped as the worker polls it: at every event (heard at the
 next poll), and at every slot boundary while anything is in flight. Every
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -39,6 +38,7 @@ from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPoli
 from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead, keeps_gpus
 from scheduler_service.policy.topology import AnyTopology, kind_of
 from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, gpus_by_kind
+from scheduler_service.simulator.noise import Noise, NoisyCluster
 
 IDLE_SLOTS = 1000  # slots with runs waiting and nothing in flight or to come: a deadlock
 
@@ -49,8 +49,7 @@ class Actuation(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     poll_s: float = Field(1.0, gt=0, description="the worker's poll: the loop hears of an event this late at most")
-    noise: float = Field(0.0, ge=0, description="spread of delays and speeds (lognormal sigma); 0: exact")
-    seed: int = 0
+    noise: Noise = Field(Noise(), description="how the cluster departs from the profiles; the default: exact")
     arrivals_at_boundaries: bool = Field(
         False, description="runs arrive at the slot boundary after their submission, as the bare engine takes "
         "them, instead of at the next poll (to tell the two apart in bench/actuation.py)")
@@ -68,12 +67,14 @@ class ServiceOptions(BaseModel):
     in_place_s: float | None = Field(None, ge=0, description="a resize in place, in place of the restart's "
                                      "restart_s; None: every resize costs a restart")
     actuation: Actuation = Actuation()
+    defend: bool = Field(True, description="the loop's defenses against noise (LoopSettings.defend); off: the "
+                                           "loop as it was, the baseline of bench/noise.py")
 
     def loop(self, policy: str, interval_s: float, overhead: RestartOverhead = PAPER_OVERHEAD) -> LoopSettings:
         if self.in_place_s is not None:
             overhead = replace(overhead, in_place_s=self.in_place_s)
         return LoopSettings(policy=policy, interval_s=interval_s, overhead=overhead, poll_s=self.actuation.poll_s,
-                            launch_s=self.launch_s, safety_margin=self.safety_margin)
+                            launch_s=self.launch_s, safety_margin=self.safety_margin, defend=self.defend)
 
 
 @dataclass(slots=True)
@@ -84,15 +85,16 @@ class Process:
     gpus: tuple[int, ...] = ()  # the set it trains on, once `productive_from` has come
     held: int = 0  # GPUs it holds (counted for GPU-seconds)
     productive_from: float = math.inf
-    speed: float = 0.0  # iterations/s while productive
+    speed: float = 0.0  # iterations/s while productive, on GPUs at their normal speed
     done: float = 0.0  # iterations, as of `since`
     since: float = 0.0
     alive: bool = False
     finish_at: float | None = None  # when it will have done them all, at its speed
     kind: str = ""  # of its GPU set, on a mixed cluster
+    wake_at: float | None = None  # the poll that sees its speed change (a slow period of its nodes)
 
-    def advance(self, now: float) -> None:
-        """Train from `since` to `now`, and count the GPUs held meanwhile."""
+    def advance(self, now: float, cluster: NoisyCluster | None = None) -> None:
+        """Train from `since` to `now` (at the pace of its slowest GPU), and count the GPUs held meanwhile."""
         if now <= self.since:
             return
         self.record.gpu_seconds += self.held * (now - self.since)
@@ -101,7 +103,12 @@ class Process:
             seconds[self.kind] = seconds.get(self.kind, 0.0) + self.held * (now - self.since)
         start = max(self.since, self.productive_from)
         if self.gpus and now > start:
-            self.done = min(self.record.job.iterations, self.done + self.speed * (now - start))
+            work, t = 0.0, start
+            changes = cluster.changes_between(self.gpus, start, now) if cluster is not None else []
+            for end in [*changes, now]:
+                work += self.speed * (end - t) * (cluster.slowdown(self.gpus, t) if cluster is not None else 1.0)
+                t = end
+            self.done = min(self.record.job.iterations, self.done + work)
         self.since = now
 
     @property
@@ -113,13 +120,13 @@ class Backend:
     """The runs' processes: commands take the time a real one would, runs train and finish."""
 
     def __init__(self, settings: LoopSettings, speed_of: Callable[[Job, int], float], launch_s: float,
-                 actuation: Actuation, kind_of: Callable[[int], str] = lambda gpu: "") -> None:
+                 actuation: Actuation, kind_of: Callable[[int], str] = lambda gpu: "", gpus_per_node: int = 8) -> None:
         self.kind_of = kind_of
         self.overhead = settings.overhead  # a run's own restart, as it really takes (the plans charge more)
         self.speed_of = speed_of  # the policy's: it may change how a job trains (Pollux's batch size)
         self.launch_s = launch_s  # the start-cost model's: a new run takes at least this to train
         self.actuation = actuation
-        self.rng = random.Random(actuation.seed)
+        self.cluster = NoisyCluster(actuation.noise, gpus_per_node)
         self.processes: dict[str, Process] = {}
         self.alive: dict[str, Process] = {}  # launched and not ended: the only ones that change
         self._events: list[tuple[float, int, str, Event | None]] = []  # (the poll that hears of it, order, run, event)
@@ -149,17 +156,11 @@ class Backend:
                 out.append(event)
         return out
 
-    def _jitter(self) -> float:
-        return math.exp(self.rng.gauss(0.0, self.actuation.noise)) if self.actuation.noise else 1.0
-
-    def _slower(self) -> float:
-        return math.exp(-abs(self.rng.gauss(0.0, self.actuation.noise))) if self.actuation.noise else 1.0
-
     # -- commands ---------------------------------------------------------------
     def carry_out(self, command: Command, now: float) -> None:
         process = self.processes[command.run_id]
-        process.advance(now)
-        stop_at = now + self.overhead.stop_s * self._jitter()
+        process.advance(now, self.cluster)
+        stop_at = now + self.overhead.stop_s
         if isinstance(command, Stop):
             process.gpus, process.productive_from, process.finish_at = (), math.inf, None
             self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, ()))
@@ -173,7 +174,7 @@ class Backend:
             return
         gpus = len(command.gpus)
         if isinstance(command, Launch):
-            delay = max(self.launch_s, self.overhead(gpus)) * self._jitter()
+            delay = max(self.launch_s, self.overhead(gpus)) * self.cluster.start_factor(command.run_id)
             process.alive, process.held = True, gpus
             self.alive[command.run_id] = process
             # The flow process applies its first command, then starts its ranks.
@@ -181,12 +182,14 @@ class Backend:
                        Acknowledged(command.run_id, command.seq, command.gpus))
         else:  # a resize: it claims the new set now, keeps the old one until it acknowledges
             in_place = keeps_gpus(process.gpus, command.gpus)
-            delay = (self.overhead.in_place(gpus) if in_place else self.overhead(gpus)) * self._jitter()
+            delay = (self.overhead.in_place(gpus) if in_place else self.overhead(gpus)) \
+                * self.cluster.start_factor(command.run_id)
             process.held = len(set(command.gpus) | set(process.gpus))
             self.later(stop_at, command.run_id, Acknowledged(command.run_id, command.seq, command.gpus))
-        process.gpus, process.speed = command.gpus, self.speed_of(process.record.job, gpus) * self._slower()
+        process.gpus = command.gpus
+        process.speed = self.speed_of(process.record.job, gpus) * self.cluster.segment_factor(command.run_id)
         process.kind = self.kind_of(command.gpus[0]) if command.gpus else ""
-        process.productive_from, process.finish_at = now + delay, None
+        process.productive_from, process.finish_at, process.wake_at = now + delay, None, None
         first_iteration = process.productive_from + 1.0 / max(process.speed, 1e-9)
         self.later(first_iteration, command.run_id, None)  # seen
         record = process.record
@@ -196,7 +199,7 @@ class Backend:
 
     def acknowledged(self, event: Acknowledged, now: float) -> None:
         process = self.processes[event.run_id]
-        process.advance(now)
+        process.advance(now, self.cluster)
         process.held = len(event.gpus)
 
     def observe(self, now: float, everyone: bool) -> list[Event]:
@@ -205,7 +208,7 @@ class Backend:
         out: list[Event] = []
         touched, self._touched = self._touched, set()
         for run_id, process in [(r, p) for r, p in self.alive.items() if everyone or r in touched]:
-            process.advance(now)
+            process.advance(now, self.cluster)
             if process.finished:
                 process.alive, process.held = False, 0
                 del self.alive[run_id]
@@ -213,12 +216,17 @@ class Backend:
                 out.append(Ended(run_id))
                 continue
             productive = bool(process.gpus) and now >= process.productive_from
-            out.append(Progress(run_id, int(process.done + 1e-6), process.gpus, process.speed if productive else None))
-            if productive:  # a poll when it will be done at this speed
-                finish = now + (process.record.job.iterations - process.done) / process.speed
+            speed = process.speed * self.cluster.slowdown(process.gpus, now)
+            out.append(Progress(run_id, int(process.done + 1e-6), process.gpus, speed if productive else None))
+            if productive:  # a poll when it will be done at this speed, or when its speed changes before that
+                finish = now + (process.record.job.iterations - process.done) / speed
                 if process.finish_at is None or abs(finish - process.finish_at) > 1e-3:
                     process.finish_at = finish
                     self.later(finish, run_id, None)
+                change = next(iter(self.cluster.changes_between(process.gpus, now, finish)), None)
+                if change is not None and change != process.wake_at:
+                    process.wake_at = change
+                    self.later(change, run_id, None)
         return out
 
     def in_use(self) -> int:
@@ -237,7 +245,7 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
     loop = ControlLoop(topology, settings, policy_for)
     policy, clock = loop.policy, loop.policy.clock
     backend = Backend(settings, policy.speed, loop.start_cost.launch_s, actuation,
-                      lambda gpu: kind_of(topology, gpu))
+                      lambda gpu: kind_of(topology, gpu), getattr(topology, "gpus_per_node", 8))
     def heard(job: Job) -> float:
         if actuation.arrivals_at_boundaries:
             return clock.slot_after(job.submit_time) * clock.interval

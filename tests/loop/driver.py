@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from scheduler_service.loop import ControlLoop, LoopSettings
 from scheduler_service.loop.actions import Action, Command
-from scheduler_service.loop.events import Acknowledged, Arrived, Event, Progress
+from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
 from scheduler_service.policy import Job, ThroughputCurve, Topology
 from scheduler_service.policy.overhead import RestartOverhead
 
@@ -67,3 +67,47 @@ class Driver:
                 self.commands[action.run_id] = action
         self.log += actions
         return actions
+
+
+class Cluster:
+    """Runs training as a cluster would play them for the loop: each at its
+    own factor of its profile (`factor`, by run), on the GPUs its last
+    acknowledged command gave it, after a restart of `restart_s`; every
+    command acknowledged at once, progress reported every `tick_s`, and an
+    end when a run is done."""
+
+    def __init__(self, driver: Driver, factor: dict[str, float], restart_s: float = 1.0, tick_s: float = 0.5) -> None:
+        self.d, self.factor, self.restart_s, self.tick_s = driver, factor, restart_s, tick_s
+        self.done: dict[str, float] = {}
+        self.gpus: dict[str, tuple[int, ...]] = {}
+        self.productive_from: dict[str, float] = {}
+        self.seq: dict[str, int] = {}
+        self.finished: dict[str, float] = {}
+        self.widths: dict[str, list[int]] = {}
+
+    def play(self, jobs: dict[str, Job], start: float, until: float) -> None:
+        now = start
+        while now <= until and len(self.finished) < len(jobs):
+            for run_id, command in list(self.d.commands.items()):
+                if run_id in self.finished or self.seq.get(run_id) == command.seq:
+                    continue
+                self.seq[run_id] = command.seq
+                self.d.ack(run_id, now)
+                gpus = () if command.channel_action == "stop" else command.gpus
+                self.gpus[run_id], self.productive_from[run_id] = gpus, now + self.restart_s
+                self.widths.setdefault(run_id, []).append(len(gpus))
+            for run_id, gpus in self.gpus.items():
+                if run_id in self.finished or not gpus:
+                    continue
+                curve = jobs[run_id].curve
+                rate = curve.speed(len(gpus)) * self.factor.get(run_id, 1.0)
+                if now >= self.productive_from[run_id]:
+                    self.done[run_id] = self.done.get(run_id, 0.0) + rate * self.tick_s
+                if self.done.get(run_id, 0.0) >= jobs[run_id].iterations:
+                    self.finished[run_id] = now
+                    self.d.handle(Ended(run_id), now)
+                    continue
+                productive = now >= self.productive_from[run_id]
+                self.d.report(run_id, now, int(self.done.get(run_id, 0.0)), gpus, rate if productive else None)
+            self.d.step(now)
+            now += self.tick_s

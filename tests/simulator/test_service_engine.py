@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scheduler_service.policy import Job, ThroughputCurve, Topology
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.simulator.metrics import summarize
+from scheduler_service.simulator.noise import Noise, SlowPeriods
 from scheduler_service.simulator.service import Actuation, ServiceOptions, simulate_service
 
 CURVE = ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.5, 8: 6.0})
@@ -66,7 +67,7 @@ def test_with_noise_the_same_seed_gives_the_same_run_and_another_seed_another() 
     jobs = [Job(str(i), 100.0 * i, 3.5 * 900, 100.0 * i + 5000, CURVE) for i in range(6)]
 
     def finishes(seed: int) -> list[float | None]:
-        options = ServiceOptions(actuation=Actuation(noise=0.2, seed=seed))
+        options = ServiceOptions(actuation=Actuation(noise=Noise(seed=seed, speed_sigma=0.2, start_sigma=0.2)))
         run = simulate_service(jobs, Topology(1, 1, 8), options.loop("elasticflow", 60.0, OVERHEAD),
                                options.actuation)
         return [r.finish for r in run.records]

@@ -20,7 +20,11 @@ Measures what a resize costs and checks it changes nothing:
 Goals: rescale_s <= 2 x (save_s + load_s) + start_s; max_loss_rel_diff <= 1e-3;
 save_s < 1 s; inplace_ratio <= 0.25 and inplace_max_loss_rel_diff <= 1e-3.
 Prints a few lines, then one JSON object as the last line.
-Run: .venv/bin/python bench/rescale.py [--device cuda]
+Run: .venv/bin/python bench/rescale.py [--device cuda] [--deterministic]
+(--deterministic: every run with deterministic kernels only, the
+`deterministic` hyperparameter; on GPU, run with and without it to see what
+the kernels' own non-determinism adds to the loss differences, and the cost
+in wall time)
 (on CUDA, NCCL wants one rank per GPU: the plan is half the GPUs -> all -> one,
 so at least 2 GPUs; the same figures, with NCCL communicators re-formed and
 the survivors' CUDA contexts kept)
@@ -61,11 +65,13 @@ def plan_for(device: str) -> list[list[int]]:
 
 
 def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
-          in_place: bool = False, device: str = "cpu", ray_address: str | None = None) -> tuple[TrainResult, float]:
+          in_place: bool = False, device: str = "cpu", ray_address: str | None = None,
+          deterministic: bool = False) -> tuple[TrainResult, float]:
     params = TrainParameters(
         model="resnet",
         dataset={"name": "synthetic-images", "options": {"size": 256}},
-        hyperparameters={"global_batch_size": 16, "learning_rate": 0.001, "momentum": 0.9},
+        hyperparameters={"global_batch_size": 16, "learning_rate": 0.001, "momentum": 0.9,
+                         "deterministic": deterministic},
         iterations=ITERATIONS,
         gpu_plan=plan,
         switch_at=switch_at,
@@ -81,16 +87,17 @@ def train(plan: list[list[int]], switch_at: list[int], root: Path, key: str,
     return result, time.perf_counter() - start
 
 
-def measure(device: str = "cpu", ray_address: str | None = None) -> dict:
+def measure(device: str = "cpu", ray_address: str | None = None, deterministic: bool = False) -> dict:
     """The figures of one run of the benchmark (on a Ray cluster's actors
     with `ray_address`: bench/ray.py), as the JSON line prints them."""
     plan = plan_for(device)
     with tempfile.TemporaryDirectory(prefix="elasticflow-bench-") as tmp:
         root = Path(tmp)
-        resized, resized_wall = train(plan, SWITCH_AT, root, "resized", device=device, ray_address=ray_address)
+        resized, resized_wall = train(plan, SWITCH_AT, root, "resized", device=device, ray_address=ray_address,
+                                      deterministic=deterministic)
         in_place, in_place_wall = train(plan, SWITCH_AT, root, "in-place", in_place=True, device=device,
-                                        ray_address=ray_address)
-        steady, steady_wall = train([plan[0]], [], root, "steady", device=device)
+                                        ray_address=ray_address, deterministic=deterministic)
+        steady, steady_wall = train([plan[0]], [], root, "steady", device=device, deterministic=deterministic)
     assert resized.status == steady.status == in_place.status == "completed", (resized.status, steady.status)
     assert [r.how for r in in_place.rescales] == ["in_place"] * len(SWITCH_AT), in_place.rescales
     in_place_rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(in_place.losses, steady.losses)]
@@ -129,6 +136,7 @@ def measure(device: str = "cpu", ray_address: str | None = None) -> dict:
         "resized_wall_s": resized_wall,
         "steady_wall_s": steady_wall,
         "iterations": ITERATIONS,
+        "deterministic": deterministic and all(s.deterministic for s in resized.segments + steady.segments),
         "final_loss": resized.losses[-1],
         "first_loss": resized.losses[0],
     }
@@ -145,9 +153,10 @@ def measure(device: str = "cpu", ray_address: str | None = None) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels only (docs/training.md)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    summary = measure(args.device)
+    summary = measure(args.device, deterministic=args.deterministic)
     budget = summary["budget_s"]
     for r in summary["rescales"]:
         print(f"rescale {r['from']} -> {r['to']} at iteration {r['at']}: {r['seconds']:.2f} s")

@@ -31,3 +31,8 @@ class Hyperparameters(BaseModel):
         description="largest per-worker forward pass; larger shards use gradient accumulation"
     )
     seed: int = Field(default=0, ge=0, description="model init and data order")
+    deterministic: bool = Field(
+        default=False,
+        description="deterministic kernels only (torch.use_deterministic_algorithms, cuDNN deterministic and no "
+                    "benchmark, CUBLAS_WORKSPACE_CONFIG): on GPU a resized run then follows the never-resized one "
+                    "as closely as float reduction order allows, at a cost in speed (docs/training.md)")

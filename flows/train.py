@@ -110,8 +110,14 @@ def train(
     device: str = "auto",
     model_kwargs: dict[str, Any] | None = None,
     max_restarts: int = 3,
+    loss: str | None = None,
+    collate: str | None = None,
+    evaluate: str | None = None,
 ) -> TrainResult:
     """Train `model` on `dataset` with a fixed global batch on whatever GPUs it is given.
+
+    `loss` ('cross_entropy', 'model' or 'pkg.module:function'), `collate`
+    and `evaluate` complete a user's task (docs/user-guide.md).
 
     The GPUs are the scheduler's to choose, never a parameter: it launches the
     run with a `LaunchSpec` (the deadline it admitted, or a fixed GPU plan when
@@ -136,6 +142,9 @@ def train(
                 device=device,
                 model_kwargs=model_kwargs,
                 max_restarts=max_restarts,
+                loss=loss,
+                collate=collate,
+                evaluate=evaluate,
             ).items()
             if v is not None
         } | launch.parameters(),

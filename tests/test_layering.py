@@ -23,6 +23,7 @@ NO_TORCH = [
     "elasticflow_block",
     "elasticflow_block.deadline",
     "elasticflow_block.pipeline",
+    "flows.training.task_check",  # its process finds a task's names before anything heavy is imported
 ]
 PURE = {"scheduler_service.policy": ["prefect", "sqlmodel", "sqlalchemy"]}
 

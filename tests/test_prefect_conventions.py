@@ -26,7 +26,15 @@ def test_prefect_yaml_declares_train_per_model_and_the_daily_pipeline() -> None:
     configs = _prefect_yaml()
     trains = [c for c in configs if c["entrypoint"] == "flows/train.py:train"]
     assert sorted(c["name"] for c in trains) == sorted(MODELS)
-    assert all(c["parameters"] == {"model": c["name"]} and c["work_pool"]["name"] == "gpus" for c in trains)
+    models = [c for c in trains if ":" not in c["parameters"]["model"]]
+    assert all(c["parameters"] == {"model": c["name"]} for c in models)
+    assert all(c["work_pool"]["name"] == "gpus" for c in trains)
+    tasks = {c["name"]: c["parameters"] for c in trains if c not in models}  # example tasks, by import path
+    assert tasks["regression"]["loss"] == "flows.examples.regression:mse" and tasks["causal-lm"]["loss"] == "model"
+    from flows.training.params import TrainParameters
+
+    for parameters in tasks.values():  # what `prefect deployment run train/<name>` submits is a valid run
+        TrainParameters.model_validate(parameters, context={"import_models": False})
     (daily,) = [c for c in configs if c["name"] == "daily"]
     assert daily["entrypoint"] == "flows/pipeline.py:daily_pipeline" and daily["work_pool"]["name"] == "gpus"
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flows.training.models import DataKind
+from flows.training.models import DataKind, check_import_path
 
 
 @dataclass(frozen=True)
@@ -36,20 +36,37 @@ class TensorData:
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inputs[indices], self.targets[indices]
 
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `index`, for a user's collate (without one, `batch` takes a batch at once)."""
+        return self.inputs[index], self.targets[index]
+
 
 class DatasetSpec(BaseModel):
-    """Which data to train on. `name` is a registry key; `path` is for on-disk data."""
+    """Which data to train on. `name` is a registry key, or a user's dataset by
+    import path (`pkg.module:name`: a `torch.utils.data.Dataset`, or a factory
+    of one called with `options`, and `path=` when a path is given; it is
+    imported only in the run's own processes, flows/training/task.py);
+    `path` is for on-disk data."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(default="synthetic", description="one of the registered datasets")
+    name: str = Field(default="synthetic", description="a registered dataset, or 'pkg.module:name'")
     path: str | None = Field(default=None, description="file or folder for on-disk datasets")
     options: dict[str, Any] = Field(default_factory=dict, description="loader options (size, block_size, ...)")
 
+    @property
+    def user(self) -> bool:
+        """A user's dataset, by import path."""
+        return self.name not in DATASETS
+
     @model_validator(mode="after")
     def _check(self) -> "DatasetSpec":
-        if self.name not in DATASETS:
-            raise ValueError(f"unknown dataset {self.name!r}; known datasets: {', '.join(sorted(DATASETS))}")
+        if self.user:
+            if ":" not in self.name:
+                raise ValueError(f"unknown dataset {self.name!r}; known datasets: {', '.join(sorted(DATASETS))}, "
+                                 "or a 'pkg.module:name' import path")
+            check_import_path(self.name, "dataset")
+            return self
         entry = DATASETS[self.name]
         if entry.needs_path:
             if not self.path:
@@ -57,6 +74,15 @@ class DatasetSpec(BaseModel):
             if not Path(self.path).expanduser().exists():
                 raise ValueError(f"dataset path {self.path!r} does not exist")
         return self
+
+    @staticmethod
+    def split(text: str) -> dict[str, Any]:
+        """`"cifar10:/data/cifar"` (a registered name and its path) or
+        `"pkg.module:name"` (a user's dataset, no path)."""
+        name, _, path = text.partition(":")
+        if name in DATASETS:
+            return {"name": name, "path": path or None}
+        return {"name": text}
 
     @classmethod
     def parse(cls, value: "str | dict[str, Any] | DatasetSpec | None", kind: DataKind | None) -> "DatasetSpec":
@@ -66,13 +92,13 @@ class DatasetSpec(BaseModel):
         elif value is None:
             spec = cls()
         elif isinstance(value, str):
-            name, _, path = value.partition(":")
-            spec = cls(name=name, path=path or None)
+            spec = cls(**cls.split(value))
         else:
             spec = cls(**value)
         if spec.name == "synthetic":
             if kind is None:
-                raise ValueError("a model given by import path needs an explicit dataset (e.g. 'synthetic-images')")
+                raise ValueError("a model given by import path needs an explicit dataset: a registered one (e.g. "
+                                 "'synthetic-images', 'npz:/data/train.npz') or your own, 'pkg.module:name'")
             spec = spec.model_copy(update={"name": f"synthetic-{kind}"})
         return spec
 
@@ -213,6 +239,9 @@ def check_dataset(name: str, path: Path) -> None:
 
 
 def load_dataset(spec: DatasetSpec) -> TensorData:
+    """A registered dataset (a user's is built by flows/training/task.py, in the run's processes only)."""
+    if spec.user:
+        raise ValueError(f"dataset {spec.name!r} is a user's: build it with flows.training.task")
     entry = DATASETS[spec.name]
     if entry.needs_path:
         return entry.loader(Path(spec.path or "").expanduser(), spec.options)

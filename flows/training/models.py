@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from flows.training.allowlist import (  # noqa: F401  # re-exported: where models are named
+    MODEL_MODULES_ENV, allowed_model_modules, check_allowed, check_import_path, is_import_path)
 
 DataKind = Literal["images", "vectors", "tokens"]
 
@@ -190,32 +192,6 @@ MODELS: dict[str, ModelEntry] = {
 
 def known_models() -> list[str]:
     return sorted(MODELS)
-
-
-def is_import_path(name: str) -> bool:
-    return ":" in name
-
-
-# The operator's list of module prefixes users' model factories may come from,
-# comma-separated (e.g. "acme.models,research"); empty, only the built-in
-# models run. A factory is code run in the training processes: `os:system`
-# with `model_kwargs={"command": ...}` ran a shell command there.
-MODEL_MODULES_ENV = "ELASTICFLOW_MODEL_MODULES"
-
-
-def allowed_model_modules() -> tuple[str, ...]:
-    return tuple(p.strip() for p in os.environ.get(MODEL_MODULES_ENV, "").split(",") if p.strip())
-
-
-def check_allowed(name: str) -> None:
-    """A `pkg.module:factory` path must lie under a prefix the operator allowed;
-    checked without importing anything (the scheduler never imports user code)."""
-    module_name = name.partition(":")[0]
-    allowed = allowed_model_modules()
-    if not any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in allowed):
-        listed = ", ".join(allowed) if allowed else "empty: built-in models only"
-        raise ValueError(f"model module {module_name!r} is not one the operator allows ({MODEL_MODULES_ENV}: "
-                         f"{listed}); built-in models: {', '.join(known_models())}")
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from elasticflow_block.deadline import relative_seconds
 from elasticflow_block.hyperparameters import Hyperparameters
 from flows.training.datasets import DatasetSpec
-from flows.training.models import check_allowed, data_kind, is_import_path, resolve_factory
+from flows.training.models import check_import_path, data_kind, is_import_path, resolve_factory
 
 
 
@@ -53,7 +52,7 @@ def parse_deadline(value: str | datetime, now: datetime | None = None) -> dateti
     return moment
 
 
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+BUILT_IN_LOSSES = ("cross_entropy", "model")
 BEST_EFFORT = "none"  # `deadline=none`: best-effort, said explicitly
 # Bounds on what a user sets, so that no number is too large to plan, to
 # print as a date or to allocate: far beyond any real training run.
@@ -69,6 +68,13 @@ class TrainParameters(BaseModel):
     model: str = Field(default="resnet", max_length=200, description="registered name or 'pkg.module:factory'")
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: DatasetSpec | None = None
+    loss: str = Field(default="cross_entropy", description="'cross_entropy' (of the output's logits and the "
+                      "batch's targets), 'model' (the model's output carries its loss, Hugging Face style), or "
+                      "'pkg.module:function' of (output, batch): docs/user-guide.md")
+    collate: str | None = Field(default=None, description="'pkg.module:function' making a batch of a list of "
+                                "samples; default torch's default_collate")
+    evaluate: str | None = Field(default=None, description="'pkg.module:function' of the trained model, returning "
+                                 "{metric: value}; run once by rank 0 when the run completes")
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
     epochs: float | None = Field(default=None, gt=0, le=MAX_EPOCHS, allow_inf_nan=False)
@@ -99,11 +105,22 @@ class TrainParameters(BaseModel):
         # the import happens in the run's own processes (profiling, training).
         if (info.context or {}).get("import_models", True) or not is_import_path(value):
             resolve_factory(value)
-        elif not _IMPORT_PATH.match(value):
-            raise ValueError(f"model {value!r} is not a 'pkg.module:factory' import path")
         else:
-            check_allowed(value)
+            check_import_path(value, "model")
         return value
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        # Shape and allow-list only, wherever it is validated: a user's loss
+        # is imported in the run's own processes (task.py) and, at take-in,
+        # in a short-lived one (task_check.py).
+        return value if value in BUILT_IN_LOSSES else check_import_path(value, "loss")
+
+    @field_validator("collate", "evaluate")
+    @classmethod
+    def _user_function(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_import_path(value, str(info.field_name))
 
     @field_validator("model_kwargs")
     @classmethod
@@ -175,10 +192,7 @@ class TrainParameters(BaseModel):
     @field_validator("dataset", mode="before")
     @classmethod
     def _dataset_from_string(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            name, _, path = value.partition(":")
-            return {"name": name, "path": path or None}
-        return value
+        return DatasetSpec.split(value) if isinstance(value, str) else value
 
     def total_iterations(self, dataset_size: int) -> int:
         """Iterations to run: given directly, or enough global batches to cover `epochs` (default 1)."""

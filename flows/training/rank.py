@@ -40,8 +40,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
 from flows.training.control import FileControlChannel
-from flows.training.datasets import load_dataset
-from flows.training.models import build_model, per_sample_loss
 from flows.training.orders import RankOrder, StandbyOrder
 from flows.training.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
 from flows.training.regroup import Next, await_next, result_file, write_private
@@ -49,6 +47,7 @@ from flows.training.sampler import batch_indices, micro_batches, shard_bounds
 from flows.training.saving import Saves, cpu_copy
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
 from flows.training.supervision import PROGRESS_FILE, ProgressLine
+from flows.training.task import Task, make_deterministic, to_device
 
 log = logging.getLogger("elasticflow.worker")
 
@@ -89,14 +88,17 @@ class Worker:
         self.last_checkpoint: int | None = None  # the iteration of this run's newest checkpoint, as rank 0 knows
 
     def setup(self) -> None:
+        if self.spec.hyperparameters.deterministic:
+            make_deterministic()  # before CUDA is touched
         if self.spec.device == "cuda":
             torch.cuda.set_device(self.device)
         else:
             torch.set_num_threads(1)
         self._form_group()
-        self.data = load_dataset(self.spec.dataset)
+        self.task = Task.of(self.spec)
+        self.task.load()
         torch.manual_seed(self.spec.hyperparameters.seed)
-        self.model = build_model(self.spec.model, self.spec.model_kwargs).to(self.device)
+        self.model = self.task.build_model().to(self.device)
         # Wrapped before restoring: DDP keeps references to the parameters, and
         # load_state_dict copies into them in place.
         self._wrap()
@@ -296,7 +298,7 @@ class Worker:
     def step(self) -> float:
         """One optimizer step over the global batch; returns this rank's summed loss."""
         hp = self.spec.hyperparameters
-        indices = batch_indices(hp.seed, self.iteration, hp.global_batch_size, len(self.data))
+        indices = batch_indices(hp.seed, self.iteration, hp.global_batch_size, len(self.task))
         start, stop = shard_bounds(hp.global_batch_size, self.world, self.rank)
         chunks = micro_batches(start, stop, hp.max_micro_batch)
         # DDP averages gradients over ranks; scaling the summed loss by W/B makes
@@ -305,13 +307,12 @@ class Worker:
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for j, (a, b) in enumerate(chunks):
-            inputs, targets = self.data.batch(indices[a:b])
-            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            batch = to_device(self.task.batch(indices[a:b]), self.device)
             sync = contextlib.nullcontext() if j == len(chunks) - 1 else self.ddp.no_sync()
             with sync:
-                losses = per_sample_loss(self.ddp(inputs), targets)
-                (losses.sum() * scale).backward()
-            total += float(losses.detach().sum())
+                summed = self.task.summed_loss(self.ddp, batch, b - a)
+                (summed * scale).backward()
+            total += float(summed.detach())
         self.optimizer.step()
         return total
 
@@ -390,6 +391,17 @@ class Worker:
                 return "terminated" if flags[2] > 0 else "stopped"
         return "completed" if self.iteration >= spec.total_iterations else "target"
 
+    def evaluate(self) -> dict[str, float]:
+        """The task's evaluation of the trained model; one that fails is
+        logged and costs the run nothing (its checkpoint is saved)."""
+        try:
+            metrics = self.task.evaluate(self.model)
+        except Exception:
+            log.exception("the task's evaluation failed; the trained model is in the last checkpoint")
+            return {}
+        log.info("evaluation: %s", metrics)
+        return metrics
+
     def report(self, start_iteration: int, reason: StopReason) -> None:
         if self.rank != 0:
             return
@@ -407,6 +419,8 @@ class Worker:
             error=self.saves.error if reason == "save_failed" else None,
             paused=self.paused,
             in_place=self.round > 0,
+            metrics=self.evaluate() if reason == "completed" else {},
+            deterministic=torch.are_deterministic_algorithms_enabled(),
         )
         write_private(self.dir / result_file(self.round), result.model_dump_json())
 

@@ -27,12 +27,12 @@ from elasticflow_block.home import elasticflow_home
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
 from flows.training import identity
 from flows.training.control import ControlAck, FileControlChannel, GpuSlot, default_control_root
-from flows.training.datasets import load_dataset
 from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker
 from flows.training.ranks import Ranks, ranks_for
 from flows.training.segment import SegmentResult, SegmentSpec
 from flows.training.supervision import Failure, ProgressCallback, ProgressLine, RunningSegment
+from flows.training.task_check import dataset_size
 from flows.training.termination import Termination
 
 log = logging.getLogger("elasticflow.runtime")
@@ -67,6 +67,7 @@ class TrainResult(BaseModel):
     segments: list[SegmentResult]
     rescales: list[RescaleRecord]
     restarts: int
+    metrics: dict[str, float] = Field(default_factory=dict, description="the task's evaluation (`evaluate`), if any")
 
 
 def _upcoming(params: TrainParameters, override: list[int] | None, gpus: list[int],
@@ -214,7 +215,7 @@ class _Run:
     def result(self, status: Status, total: int) -> TrainResult:
         return TrainResult(run_key=self.run_key, status=status, iterations=self.iteration, total_iterations=total,
                            losses=self.history, segments=self.segments, rescales=self.rescales,
-                           restarts=self.restarts)
+                           restarts=self.restarts, metrics=self.segments[-1].metrics if self.segments else {})
 
 
 def _rescale_s(previous: SegmentResult, result: SegmentResult) -> float | None:
@@ -248,7 +249,7 @@ def run_training(
     segment_hook: Callable[[RunningSegment], None] | None = None,
 ) -> TrainResult:
     """Train `params` to completion (or until stopped), segment by segment."""
-    total = params.total_iterations(len(load_dataset(params.dataset)))  # type: ignore[arg-type]
+    total = params.iterations or params.total_iterations(dataset_size(params))
     checkpoint_url = resolve_checkpoint_url(params.checkpoint_store)
     control_root = Path(params.control_dir) if params.control_dir else default_control_root()
     channel = FileControlChannel(run_key, control_root)

@@ -24,6 +24,9 @@ class SegmentSpec(BaseModel):
     model: str
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: DatasetSpec
+    loss: str = "cross_entropy"
+    collate: str | None = None
+    evaluate: str | None = None
     hyperparameters: Hyperparameters
     total_iterations: int
     stop_at: int = Field(description="iteration at which this segment ends even if not told to stop")
@@ -47,6 +50,9 @@ class SegmentSpec(BaseModel):
             model=params.model,
             model_kwargs=params.model_kwargs,
             dataset=params.dataset,
+            loss=params.loss,
+            collate=params.collate,
+            evaluate=params.evaluate,
             hyperparameters=params.hyperparameters,
             checkpoint_interval=params.checkpoint_interval,
             keep_checkpoints=params.keep_checkpoints,
@@ -87,6 +93,8 @@ class SegmentResult(BaseModel):
     failure: str | None = Field(default=None, description="a crash's cause, as supervision.Failure says it")
     paused: bool = Field(False, description="its ranks wait in memory for a resize in place (regroup.py)")
     in_place: bool = Field(False, description="its ranks kept their state from the segment before (no checkpoint)")
+    metrics: dict[str, float] = Field(default_factory=dict, description="the task's evaluation, once the run completed")
+    deterministic: bool = Field(False, description="rank 0 trained with deterministic algorithms only")
 
     @property
     def iterations_per_s(self) -> float | None:

@@ -31,7 +31,8 @@ def definitions() -> tuple[dict[str, Any], ...]:
 
 
 def _train_definitions() -> dict[str, dict[str, Any]]:
-    return {d["parameters"]["model"]: d for d in definitions() if d["entrypoint"] == ENTRYPOINT}
+    """By deployment name: a model's (`train/mlp`) or an example task's (`train/regression`)."""
+    return {d["name"]: d for d in definitions() if d["entrypoint"] == ENTRYPOINT}
 
 
 def _pipeline_definition() -> dict[str, Any]:
@@ -70,19 +71,21 @@ async def ensure_pool(name: str) -> None:
 
 
 def deploy(pool: str, models: Iterable[str] = MODELS, parameters: dict[str, Any] | None = None) -> dict[str, str]:
-    """Deploy `train/<model>` for each model on `pool`; returns deployment name -> id.
+    """Deploy `train/<name>` for each of `models` on `pool`; returns deployment name -> id.
 
-    A model prefect.yaml does not name (a user's own) is deployed like the others.
+    A name prefect.yaml declares gets its parameters (a model, or an example
+    task's model, dataset and loss); any other is taken for a model (a
+    user's own) and deployed like the others.
     """
     from prefect import flow
 
     known = _train_definitions()
     ids: dict[str, str] = {}
     for model in models:
-        spec = known.get(model) or next(iter(known.values()))
+        spec = known.get(model) or {**next(iter(known.values())), "parameters": {"model": model}}
         train = flow.from_source(source=str(PROJECT_ROOT), entrypoint=ENTRYPOINT)
         deployment_id = train.deploy(  # type: ignore[union-attr]
-            name=model, work_pool_name=pool, parameters={**spec["parameters"], "model": model, **(parameters or {})},
+            name=model, work_pool_name=pool, parameters={**spec["parameters"], **(parameters or {})},
             job_variables=spec["work_pool"].get("job_variables"), description=spec["description"],
             print_next_steps=False, ignore_warnings=True,
         )

@@ -75,10 +75,11 @@ def read_request(parameters: dict[str, Any] | None, now: float) -> Request:
                              f"{str(e['msg']).removeprefix('Value error, ')}"
                              for e in exc.errors(include_url=False))
         raise InvalidRun(problems) from None
+    size = user_task(params)
     iterations = params.iterations
     if iterations is None:
         try:
-            iterations = params.total_iterations(len(load_dataset(params.dataset)))
+            iterations = params.total_iterations(size or len(load_dataset(params.dataset)))
         except Exception as exc:  # a dataset that cannot be read to count its epochs
             raise InvalidRun(f"dataset: {type(exc).__name__}: {exc}") from None
     deadline = None if params.deadline is None else params.deadline.timestamp()
@@ -119,6 +120,22 @@ def _model_of(annotation: Any) -> Any:
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             return kind
     return None
+
+
+def user_task(params: Any) -> int | None:
+    """A task naming a user's code (model, dataset, loss, collate, evaluation
+    by import path) is checked in a short-lived process, never imported
+    here (task_check.py): a misspelt name is refused in about a second,
+    naming the field, before any profile. Its dataset's length, when the
+    run is given in epochs."""
+    from flows.training.task_check import TaskRefused, check_task
+
+    try:
+        return check_task(params, count=params.iterations is None)
+    except TaskRefused as exc:
+        raise InvalidRun(str(exc)) from None
+    except OSError as exc:  # the check could not start: the run's own processes will say more
+        raise InvalidRun(f"task: its import paths could not be checked: {exc}") from None
 
 
 def confine(request: Request, roots: list[Path], schemes: frozenset[str]) -> None:

@@ -67,11 +67,14 @@ def test_the_launch_reserve_and_the_margin_move_only_the_plan_deadline(
 def test_a_users_model_module_is_never_imported_into_the_worker(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import sys
 
-    (tmp_path / "evil_model.py").write_text("raise SystemExit('imported into the worker')\n")
+    (tmp_path / "evil_model.py").write_text("def build(): pass\nraise SystemExit('imported into the worker')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # where the run's processes find it
     monkeypatch.setenv("ELASTICFLOW_MODEL_MODULES", "evil_model")  # allowed, and still never imported here
-    request = read_request({"model": "evil_model:build", "dataset": "synthetic-images", "iterations": 5}, NOW)
-    assert request.model == "evil_model:build" and "evil_model" not in sys.modules
+    # imported by the take-in check's own process, whose exit is its own
+    with pytest.raises(InvalidRun, match="model: cannot import module 'evil_model': SystemExit: imported into the"):
+        read_request({"model": "evil_model:build", "dataset": "synthetic-images", "iterations": 5}, NOW)
+    assert "evil_model" not in sys.modules
     with pytest.raises(InvalidRun, match="model: model 'evil model:build' is not"):
         read_request({"model": "evil model:build", "dataset": "synthetic-images", "iterations": 5}, NOW)
 

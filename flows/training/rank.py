@@ -391,17 +391,6 @@ class Worker:
                 return "terminated" if flags[2] > 0 else "stopped"
         return "completed" if self.iteration >= spec.total_iterations else "target"
 
-    def evaluate(self) -> dict[str, float]:
-        """The task's evaluation of the trained model; one that fails is
-        logged and costs the run nothing (its checkpoint is saved)."""
-        try:
-            metrics = self.task.evaluate(self.model)
-        except Exception:
-            log.exception("the task's evaluation failed; the trained model is in the last checkpoint")
-            return {}
-        log.info("evaluation: %s", metrics)
-        return metrics
-
     def report(self, start_iteration: int, reason: StopReason) -> None:
         if self.rank != 0:
             return
@@ -419,7 +408,7 @@ class Worker:
             error=self.saves.error if reason == "save_failed" else None,
             paused=self.paused,
             in_place=self.round > 0,
-            metrics=self.evaluate() if reason == "completed" else {},
+            metrics=self.task.evaluate(self.model) if reason == "completed" else {},
             deterministic=torch.are_deterministic_algorithms_enabled(),
         )
         write_private(self.dir / result_file(self.round), result.model_dump_json())

@@ -34,6 +34,7 @@ short-lived process (task_check.py), never in the scheduler's.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,6 +46,7 @@ from torch.utils.data import IterableDataset, default_collate
 from flows.training.datasets import DatasetSpec, TensorData, load_dataset
 from flows.training.models import build_model, check_allowed, per_sample_loss
 
+log = logging.getLogger("elasticflow.worker")
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the workspace settings cuBLAS is deterministic with
 
 
@@ -184,7 +186,9 @@ class Task:
                          f"per sample ([{n}]) or their mean (a scalar)")
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """The user's evaluation of the trained model ({} without one), in eval mode and without gradients."""
+        """The user's evaluation of the trained model ({} without one), in
+        eval mode and without gradients. One that fails is logged and costs
+        the run nothing: it comes after the run's last checkpoint."""
         if self.evaluation is None:
             return {}
         was_training = model.training
@@ -192,11 +196,16 @@ class Task:
         try:
             with torch.no_grad():
                 metrics = self.evaluation(model)
+            if not isinstance(metrics, Mapping):
+                raise TypeError(f"gave a {type(metrics).__name__}, not a mapping of metric names to numbers")
+            metrics = {str(k): float(v) for k, v in metrics.items()}
+        except Exception:
+            log.exception("evaluate: the task's evaluation failed; the trained model is in the last checkpoint")
+            return {}
         finally:
             model.train(was_training)
-        if not isinstance(metrics, Mapping):
-            raise TypeError(f"evaluate: gave a {type(metrics).__name__}, not a mapping of metric names to numbers")
-        return {str(k): float(v) for k, v in metrics.items()}
+        log.info("evaluation: %s", metrics)
+        return metrics
 
 
 def make_deterministic() -> None:

@@ -31,7 +31,9 @@ from typing import Any
 
 from flows.training.allowlist import check_allowed
 
-TIMEOUT_S = 60.0  # a module that takes longer than this to import is refused too
+# A task whose modules take longer to import is refused: torch alone took
+# 15-20 s of wall time on a 2-core machine at a load average of 20-30.
+TIMEOUT_S = 120.0
 
 
 class TaskRefused(ValueError):
@@ -203,8 +205,9 @@ def _binds(function: Any, kwargs: dict[str, Any], field: str) -> None:
         pass
 
 
-def main(fd: int) -> int:
+def main(fd: int) -> None:
     os.umask(0o077)
+    os.set_inheritable(fd, False)  # a process the user's code starts does not hold the answer open
     answers = os.fdopen(fd, "w")
     os.dup2(2, 1)  # what the user's modules print is not the answer
     order = json.loads(sys.stdin.read())
@@ -214,8 +217,9 @@ def main(fd: int) -> int:
         reply = {"field": ", ".join(order["paths"]), "error": f"{type(exc).__name__}: {exc}"}
     answers.write(json.dumps(reply) + "\n")
     answers.flush()
-    return 0
+    sys.stderr.flush()
+    os._exit(0)  # not waiting for threads the user's modules may have started
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    main(int(sys.argv[1]))

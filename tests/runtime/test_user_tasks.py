@@ -166,3 +166,13 @@ def test_a_model_loss_needs_an_output_that_carries_one() -> None:
     del batch["labels"]
     with pytest.raises(ValueError, match="was it given the labels"):
         task.summed_loss(task.build_model(), batch, 4)
+
+
+def test_an_evaluation_that_fails_costs_the_run_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    task = Task(REGRESSION["model"], {}, DatasetSpec(name="flows.examples.regression:NoisyLinear"),
+                evaluate=REGRESSION["evaluate"])
+    model = task.build_model()
+    assert set(task.evaluate(model)) == {"held_out_mse"} and model.training  # back in training mode
+    task.evaluation = lambda trained: 3
+    assert task.evaluate(model) == {} and model.training
+    assert "evaluate: the task's evaluation failed" in caplog.text and "gave a int, not a mapping" in caplog.text

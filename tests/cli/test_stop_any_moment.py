@@ -168,7 +168,7 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
         nonlocal starts
         starts += 1
         wait_until(lambda: log.read_text(errors="replace").count("ElasticFlow worker started") >= starts  # deployed
-                   and worker_log.read_text(errors="replace").count("started!") >= starts, 240,
+                   and worker_log.read_text(errors="replace").count("started!") >= starts, 480,
                    f"the stack's start {starts}")
 
     ids: list[str] = []

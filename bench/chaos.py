@@ -344,7 +344,7 @@ class Chaos:
                 continue
             faults = ",".join(sorted(self.hit.get(view.flow_run_id, ()))) or "no fault"
             found.append(Violation(problem=Problem.FAILED, run=view.flow_run_id,
-                                   detail=f"{kind} run {view.outcome.value} ({view.detail}); it lived through {faults}"))
+                                   detail=f"{kind} run {view.outcome.value} ({view.detail}); faults: {faults}"))
         return found
 
     def outcomes(self) -> dict[str, dict[str, int]]:

@@ -29,6 +29,9 @@ from flows.training.prefect_progress import PrefectProgress
 from flows.training.runtime import TrainResult, run_training
 from flows.training.segment import SegmentResult
 
+log = logging.getLogger("elasticflow.train")
+PAUSE_TELL_S = 20.0  # how long a pausing run tries to tell Prefect (a server restarting under a stop)
+
 
 class SegmentCrashed(RuntimeError):
     """A segment whose ranks failed: its task ends Failed with the cause, and
@@ -46,10 +49,6 @@ def train_segment(launch: Callable[[], SegmentResult]) -> SegmentResult:
     if result.reason in ("crashed", "save_failed"):  # Failed on the run's page, not Completed with a crash inside
         raise SegmentCrashed(result)
     return result
-
-
-log = logging.getLogger("elasticflow.train")
-PAUSE_TELL_S = 20.0  # how long a pausing run tries to tell Prefect (a server restarting under a stop)
 
 
 def _as_task(launch: Callable[[], SegmentResult], name: str) -> SegmentResult:
@@ -202,8 +201,8 @@ def _paused(run_key: str, control_dir: str | None) -> Pause | None:
                 state = client.read_flow_run(run_key).state  # type: ignore[arg-type]
                 if state is not None and (state.is_cancelling() or state.is_final()):
                     return None  # cancelled (or ended) meanwhile: not a pause
-                told = client.set_flow_run_state(run_key, Scheduled(name=PAUSED_STATE, message=message),  # type: ignore[arg-type]
-                                                 force=True)
+                paused = Scheduled(name=PAUSED_STATE, message=message)
+                told = client.set_flow_run_state(run_key, paused, force=True)  # type: ignore[arg-type]
             log.warning("flow run %s %s", run_key, message)
             return Pause(message, state=told.state)
         except Exception as exc:

@@ -194,6 +194,33 @@ def test_a_job_that_placement_moved_is_re_planned_with_a_whole_migration_allowan
     assert policy.timeline.free_at(1) + policy.plans["a"].gpus_at(1) == 8  # the old plan was released
 
 
+def test_a_moved_job_with_no_room_alone_takes_its_allowance_back_from_a_job_due_later():
+    """ITP cluster04 on 128 GPUs, bare `elasticflow`: a bert job was moved
+    while the cluster was fully planned, so it could not be re-planned alone
+    with a new allowance; it ran on what was left of it, was pinned, and the
+    next forced move made it miss by 218 iterations. Here the job due later
+    (b) holds every GPU the moved job (a) could use: a gets its whole
+    allowance back from b's plan, and b keeps its guarantee."""
+    from scheduler_service.policy.admission import migration_allowance
+    from scheduler_service.policy.plan import cover
+
+    curve = ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.5})
+    policy = make_policy("elasticflow", Topology(1, 1, 4))
+    a, b = job("a", 1.9 * 3450, 3600.0, curve=curve), job("b", 100_000, 40_000.0, curve=curve)
+    policy.schedule(SchedulingRequest(0.0, [a, b]))
+    assert policy.timeline.free_at(10) == 0  # a on 2 GPUs, b on the other 2 while a runs
+    clock, restart = policy.clock, policy.clock.overhead(2)
+    allowance = migration_allowance(a, policy.levels["a"], clock)
+    # Ten minutes in, a move has cost a all but 10 iterations of its slack.
+    remaining = cover(policy.plans["a"], curve, 10, a.deadline, 2, restart, clock) - 10
+    status = {"a": JobStatus(remaining, 2, restart), "b": JobStatus(b.iterations - 1.9 * (600 - restart), 2)}
+    policy.were_moved({"a"})
+    policy.schedule(SchedulingRequest(600.0, [], status=status))
+    assert cover(policy.plans["a"], curve, 10, a.deadline, 2, restart, clock) - remaining >= allowance
+    assert "b" in policy.guaranteed
+    assert cover(policy.plans["b"], curve, 10, b.deadline, 2, 0.0, clock) >= status["b"].remaining
+
+
 def test_a_job_that_fell_behind_its_plan_is_re_planned_and_keeps_the_spare_gpus_it_runs_on():
     """In the service a launch can take longer than the restart the plan
     charged. The job has then fallen behind its plan; re-planned on the free

@@ -32,8 +32,8 @@ log = logging.getLogger("prefect.workers.elasticflow.stopping")  # shown with th
 
 # How long a run's process may outlive its final state before that state is
 # taken as set from outside: a flow's own Completed is followed by its exit
-# within a second or two.
-FINAL_GRACE_S = 10.0
+# within a second or two, within tens on a machine loaded far past its cores.
+FINAL_GRACE_S = 30.0
 FINAL = (StateType.COMPLETED, StateType.CANCELLED, StateType.CRASHED, StateType.FAILED)
 
 

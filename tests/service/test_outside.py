@@ -40,17 +40,17 @@ def test_a_completed_state_forced_through_the_api_stops_the_ranks_and_frees_the_
 
     from scheduler_service.worker.cancellation import is_flow_process, process_id
 
-    run_id = stack.submit(iterations=200000, deadline="+60m", checkpoint_interval=100000)
+    run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
     status = stack.home / "control" / run_id / "status.json"
-    stack.wait_until(lambda: _iteration(status) > 5, 150, "the run to train")
+    stack.wait_until(lambda: _iteration(status) > 5, 400, "the run to train")  # a loaded machine starts slowly
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Completed(message="done, says an operator"), force=True)  # type: ignore[arg-type]
         pid = process_id(client.read_flow_run(run_id).infrastructure_pid)  # type: ignore[arg-type]
-    stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 90, "the release")
+    stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 180, "the release")
     assert pid is not None and not is_flow_process(pid, run_id)  # its process is gone
     reached = _iteration(status)
     time.sleep(3)
-    assert _iteration(status) == reached < 200000  # nothing trains any more
+    assert _iteration(status) == reached < 20000  # nothing trains any more
     assert stack.flow_run(run_id).state.is_completed()  # the outside's word stands
     assert f"flow run {run_id} is Completed in Prefect while it runs" in stack.worker_log.read_text()
 

@@ -141,6 +141,13 @@ def test_the_pool_offers_no_variable_that_reaches_past_the_model_and_the_launch_
     configuration = anyio.run(ElasticFlowJobConfiguration.from_template_and_values, old_pool, values, OfflineClient())
     assert configuration.command is None and configuration.env == {} and configuration.working_dir is None
     assert configuration.stream_output is True
+    from scheduler_service.worker.configuration import confined
+
+    fixed = confined(old_pool)  # what `up` makes of a pool made before the rule (ensure_pool)
+    assert set(fixed["variables"]["properties"]) == {"stream_output"}
+    assert fixed["variables"]["additionalProperties"] is False
+    assert not {"command", "env", "working_dir"} & set(fixed["job_configuration"])
+    assert confined(template) == template  # a pool made now is left as it is
 
 
 @pytest.mark.parametrize("parameters, field", [

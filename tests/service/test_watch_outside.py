@@ -33,12 +33,12 @@ async def _cancelling(running: dict[str, bool], now: float) -> tuple[list[str], 
     from prefect.client.orchestration import get_client
 
     from scheduler_service.worker.backend import LocalProcesses
-    from scheduler_service.worker.watch import PrefectWatch
+    from scheduler_service.worker.watch import FINAL_GRACE_S, PrefectWatch
 
     async with get_client() as client:
         watch = PrefectWatch(client, LocalProcesses(warm_start=False))
         first = await watch.cancelling(running, now)
-        later = await watch.cancelling(running, now + 11)  # past FINAL_GRACE_S
+        later = await watch.cancelling(running, now + FINAL_GRACE_S + 1)
         return first + later  # type: ignore[return-value]
 
 

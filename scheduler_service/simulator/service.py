@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scheduler_service.loop import ControlLoop, LoopSettings
 from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Stop
 from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
-from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy, Topology
+from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy
 from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead, keeps_gpus
 from scheduler_service.policy.topology import AnyTopology, kind_of
 from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, gpus_by_kind

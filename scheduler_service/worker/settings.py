@@ -110,8 +110,6 @@ class WorkerSettings(BaseSettings):
     @field_validator("rank_user")
     @classmethod
     def _usable_rank_user(cls, name: str | None) -> str | None:
-        from flows.training.identity import check_user, unreachable
-
         if not name or not name.strip():
             return None
         problem = rank_user_problem(name.strip())

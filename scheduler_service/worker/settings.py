@@ -98,8 +98,10 @@ class WorkerSettings(BaseSettings):
         None, "on Ray, warm rank actors a run keeps per node (~360 MiB each) for its next resize; one missing is "
         "started cold", "one per GPU of the run there", ge=0)
     model_modules: str = _setting(
-        "", "module prefixes (`,`-separated) users' model factories (`pkg.module:factory`) may come from; checked "
-        "at take-in without importing, and in the run's processes", "none: built-in models only")
+        "", "module prefixes (`,`-separated) every import path of a user's task (model factory, dataset, loss, "
+        "collate, evaluate: `pkg.module:name`) may come from; checked at take-in without importing into the worker "
+        "(a short-lived process imports them), and in the run's processes",
+        "none: built-in models and `flows.examples` only")
     rank_user: str | None = _setting(
         None, "the unprivileged user training ranks run as (the stack must run as root), each run with a group of "
         "its own: ranks reach their run's checkpoint and control folders, not the store, the logs or other runs' "

@@ -16,7 +16,7 @@ from uuid import UUID
 
 import pytest
 
-from tests.stack import MLP_CURVE, ROOT, stack_settings, state_names, wait_until
+from tests.stack import MLP_CURVE, ROOT, rank_user_args, stack_settings, state_names, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -41,16 +41,20 @@ def test_a_stop_of_up_pauses_a_run_that_the_next_up_resumes_from_its_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from elasticflow_block.storage import CheckpointStorage
     from scheduler_service.cli.status import report
     from scheduler_service.contracts import Outcome
     from scheduler_service.stack.local import free_port, stack_env
+    from scheduler_service.stack.secret import api_auth_string
     from scheduler_service.store import save_curve
 
     home, port = tmp_path / "home", free_port()
-    settings = {**stack_env(home, port), **stack_settings(tmp_path)}
+    home.mkdir(mode=0o700)
+    # The API asks for the stack's secret (each `up` of this home makes it ask for this one), and the
+    # ranks' account is the default where this machine lets it run them, else the explicit opt-out.
+    settings = {**stack_env(home, port), **stack_settings(tmp_path), "PREFECT_API_AUTH_STRING": api_auth_string(home)}
     for key, value in settings.items():
         monkeypatch.setenv(key, value)
     log = tmp_path / "up.log"
@@ -59,7 +63,7 @@ def test_a_stop_of_up_pauses_a_run_that_the_next_up_resumes_from_its_checkpoint(
     def start() -> subprocess.Popen[bytes]:
         nonlocal starts
         up = subprocess.Popen([sys.executable, "-c", "from scheduler_service.cli import main; main()", "up",
-                               "--home", str(home), "--port", str(port)], env={**os.environ, **settings}, cwd=ROOT,
+                               "--home", str(home), "--port", str(port), *rank_user_args(home)], env={**os.environ, **settings}, cwd=ROOT,
                               stdout=open(log, "ab"), stderr=subprocess.STDOUT)
         starts += 1
         wait_until(lambda: log.read_text(errors="replace").count("ElasticFlow worker started") >= starts
@@ -69,8 +73,8 @@ def test_a_stop_of_up_pauses_a_run_that_the_next_up_resumes_from_its_checkpoint(
 
     up = start()
     try:
-        with temporary_settings(updates={PREFECT_API_URL: settings["PREFECT_API_URL"],
-                                         PREFECT_HOME: home / "prefect"}):
+        with temporary_settings(updates={PREFECT_API_URL: settings["PREFECT_API_URL"], PREFECT_HOME: home / "prefect",
+                                         PREFECT_API_AUTH_STRING: settings["PREFECT_API_AUTH_STRING"]}):
             save_curve("mlp", 32, MLP_CURVE)  # once the worker made the store
             # Planned at the seeded 36 it/s on both slots: 83 s of its 15 minutes (on two loaded cores it
             # trains at 20-40 it/s, and a start of `up` takes minutes)

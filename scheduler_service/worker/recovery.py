@@ -121,6 +121,11 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
                 continue
             found, phase = await _resume(client, store, row), RunPhase.ADMITTED
         elif found.scheduled and phase == RunPhase.RUNNING:
+            # A stop that lands as a run finishes: it paused after its rank 0 reported the last iteration.
+            # It is done, not to be trained again from its checkpoint.
+            if found.paused and (trained_at := finished_training(row, found, control_root)) is not None:
+                await _completed(client, store, row, found, control_root, trained_at)
+                continue
             phase = _never_started(store, row, found.paused)
         if not found.running and not (found.scheduled and phase == RunPhase.ADMITTED):
             store.upsert_job(row.flow_run_id, RunPhase.ARRIVED)

@@ -294,3 +294,41 @@ def test_a_run_the_stop_crashed_resumes_and_one_crashed_before_it_stays_failed(t
     assert client.set == {by_stop: PAUSED_STATE}  # back in the queue, in the same flow run
     for run_id in (by_stop, paused, before):  # their GPUs were freed once
         assert [a.action for a in store.allocations(run_id)] == ["release"]  # type: ignore[attr-defined]
+
+
+def test_a_run_the_stop_paused_after_its_last_iteration_is_completed_not_trained_again(tmp_path: Path) -> None:
+    """The stop-at-any-moment test found it: a stop that landed as a run
+    finished paused it (Scheduled, `Resuming`) after its rank 0 had reported
+    the last iteration, and the next start resumed it: it trained again from
+    its checkpoint and ended `stopped` at 0 of its total. Such a run is
+    Completed, met as of when it finished; a run paused midway is resumed."""
+    import asyncio
+    import os
+    import uuid
+
+    from prefect.states import Scheduled
+
+    from flows.training.pause import PAUSED_STATE
+    from scheduler_service.worker.recovery import recover
+
+    done, midway = str(uuid.uuid4()), str(uuid.uuid4())
+    finished_at = datetime(2026, 12, 1, 12, 50, tzinfo=timezone.utc)
+    rows = []
+    for run_id in (done, midway):
+        row = _row()
+        row.flow_run_id, row.status = run_id, "running"
+        row.deadline = datetime(2026, 12, 1, 13, 0, tzinfo=timezone.utc)
+        row.submitted_at = datetime(2026, 12, 1, 11, 59, tzinfo=timezone.utc)
+        rows.append(row)
+        channel = FileControlChannel(run_id, tmp_path)
+        channel.publish_status({"iteration": 1000 if run_id == done else 400, "total_iterations": 1000,
+                                "event": "completed" if run_id == done else "segment.finished"})
+        os.utime(channel.status_path, (finished_at.timestamp(), finished_at.timestamp()))
+    store = _store_with(rows)
+    client = _Client({run_id: Scheduled(name=PAUSED_STATE) for run_id in (done, midway)})
+    restart = datetime(2026, 12, 1, 12, 55, tzinfo=timezone.utc).timestamp()
+    adopted = asyncio.run(recover(client, store, str(tmp_path), 2, restart, alive=lambda pid, run_id: False))
+    assert [run.run_id for run, _ in adopted] == [midway]
+    assert client.set.get(done) == "Completed"
+    outcomes = {row.flow_run_id: (row.status, row.outcome) for row in store.jobs()}  # type: ignore[attr-defined]
+    assert outcomes[done] == ("finished", "met") and outcomes[midway] == ("admitted", None)

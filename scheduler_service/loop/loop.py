@@ -14,6 +14,12 @@ for the answer) and once per slot for everyone, with every run's status
 (remaining iterations, GPUs, restart still being paid); then its placement
 becomes commands (actuation.py), and runs whose outlook flipped are said to
 be at risk or recovered.
+
+Over 400 lines since issue 42 added what runs' speeds teach it: a model's
+lasting gap (speed_seen.py) and the margin from the errors left over
+(speed_errors.py, taken against the corrected curve, so nothing is counted
+twice). Both learn from the same observations and belong in one
+collaborator; once they are one, the loop is back under the line.
 """
 
 from __future__ import annotations

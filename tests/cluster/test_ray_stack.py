@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import stack_settings, state_names, wait_until
+from tests.stack import stack_settings, state_names, wait_for_events, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Seeded profile where only 4 slots meet the deadline below (the real CPU rate
@@ -91,7 +91,11 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
     # cost it the spare GPUs it started on until its plan rises.)
     assert state_names(run_id).count("Pending") == 1
     assert run.labels.get("elasticflow.admission") == "admitted"
-    assert str(run.labels.get("elasticflow.mss")) == "4"
+    # Admitted on 4: its decision says so. (The label is the share now: a re-plan
+    # may lower it where the run trains faster than its seeded curve, or make it
+    # best-effort where a slow launch on a loaded machine ate its slack.)
+    (decision,) = wait_for_events(run_id, "elasticflow.decision")
+    assert decision["payload"]["mss"] == 4, decision["payload"]
     assert set(str(run.labels.get("elasticflow.nodes")).split(",")) == {"ray-node-0", "ray-node-1"}
     log = worker_log.read_text()
     assert "launched on 4 GPUs" in log and "ray-node-0" in log and "ray-node-1" in log

@@ -76,8 +76,10 @@ def test_admitted_runs_complete_on_their_gpus_a_second_arrival_shrinks_the_first
     assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1
 
     malformed = stack.submit(iterations=0, deadline="+10m")
-    # 34 s of work at the profiled rate, due in 40 s: it needs a slot now.
-    second = stack.submit(iterations=20 * 34, deadline="+40s", checkpoint_interval=500)
+    # 34 s of work at the profiled rate, due before the first: it is planned first
+    # and takes a slot now. The deadline leaves room for the slowest start the
+    # worker has seen here (it learns them: 35 s on a loaded machine).
+    second = stack.submit(iterations=20 * 34, deadline="+120s", checkpoint_interval=500)
     rejected = stack.wait_final(malformed, 60)
     assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
     assert rejected.state.message.startswith("invalid_parameters: iterations:")

@@ -14,6 +14,15 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 os.environ.setdefault("ELASTICFLOW_MODEL_MODULES", "tests.runtime")
 
 
+@pytest.hookimpl(trylast=True)  # after the folders' hooks have marked their tests slow
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first, each module's order kept: xdist hands
+    out work in this order, and a long test handed out last is a suite that
+    ends with one worker busy and the other idle."""
+    slow_modules = {getattr(item, "module", None) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: getattr(item, "module", None) not in slow_modules)
+
+
 @pytest.fixture
 def data_dir() -> Path:
     return DATA

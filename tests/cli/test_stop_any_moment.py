@@ -4,12 +4,15 @@ status`), Prefect and the processes agree on every run, no GPU is held by a
 run that ended, no run is lost or decided twice; and every run goes on
 (issue 43): a stop pauses the runs it finds training, the next start resumes
 them, and each ends Completed by its deadline (`met`), whichever side of its
-completion the stop landed.
+completion the stop landed. A run the stop caught mid-training goes on in the
+same flow run ("Resuming", never "Crashed") from the checkpoint the stop left,
+not from 0: issue 43's graceful stop that once lost such runs, caught at each
+of the three stops.
 
-Three stops of an 8-slot stack training six short runs each (lengths
-staggered by 10%), eighteen offsets: each signal is aimed at its batch's next
+Three stops of an 8-slot stack training four short runs each (lengths
+staggered by 10%), twelve offsets: each signal is aimed at its batch's next
 run to complete (2 s before its last iteration, 0.3 s after, 2 s after) and
-lands wherever it lands for the five others. Every offset is measured (a
+lands wherever it lands for the three others. Every offset is measured (a
 run's work left at the signal at its last second's rate, or how long since
 its last iteration) and printed with any failure; the aimed ones must land
 on their side of the completion and within 2 s of their aim (a run's rate
@@ -31,11 +34,11 @@ from typing import Any
 
 import pytest
 
-from tests.stack import MLP_CURVE, ROOT, rank_user_args, stack_settings, wait_until
+from tests.stack import MLP_CURVE, ROOT, rank_user_args, stack_settings, state_names, wait_until
 
 pytestmark = pytest.mark.slow
 
-STOPS, RUNS = 3, 6  # six runs on eight slots: all start at once, whatever extras some get
+STOPS, RUNS = 3, 4  # four runs on eight slots: all start at once, whatever extras some get
 SHIFTS_S = (-2.0, 0.3, 2.0)  # each stop's signal against the completion of its batch's next run to end
 
 
@@ -125,6 +128,18 @@ def _not_met(home: Path, ids: list[str]) -> dict[str, str]:
             if r not in views or views[r].outcome is not Outcome.MET}
 
 
+def _segment_names(run_id: str) -> list[str]:
+    """The names of a flow run's segment tasks (`segment-<n>-it<first iteration>-...`)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])))
+    return [run.name for run in runs]
+
+
 def _submit(iterations: int) -> str:
     from prefect.deployments import run_deployment
 
@@ -140,6 +155,7 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
 ) -> None:
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
+    from elasticflow_block.storage import CheckpointStorage
     from scheduler_service.stack.local import free_port, stack_env
     from scheduler_service.stack.secret import api_auth_string
     from scheduler_service.store import save_curve
@@ -174,7 +190,9 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
     ids: list[str] = []
     offsets: list[float] = []
     aimed: list[tuple[float, float]] = []  # each stop's planned offset from its target's completion, and measured
-    iterations = 1500  # the shortest run's: ~20 s of training beside the others on two busy cores
+    iterations = 1000  # the shortest run's: ~15 s of training beside the others on two busy cores
+    paused: dict[str, int] = {}  # runs a stop caught mid-training, with the checkpoint it left
+    resumed = 0  # how many of those were seen going on from it
     up = start()
     try:
         with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api",
@@ -192,6 +210,13 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
                         raise AssertionError(f"after stop {stop}: {problems}; offsets {offsets}") from None
                     # admitted runs go on: none ends failed because a stop landed while it trained
                     assert not _not_met(home, ids), f"after stop {stop}: {_not_met(home, ids)}; offsets {offsets}"
+                    for run_id, checkpoint in paused.items():  # each went on where the stop left it
+                        names = state_names(run_id)
+                        assert names[-1] == "Completed" and "Crashed" not in names and "Resuming" in names, names
+                        segments = _segment_names(run_id)
+                        assert any(s.startswith(f"segment-0-it{checkpoint}-") for s in segments), (checkpoint, segments)
+                    resumed += len(paused)
+                    paused.clear()
                 if stop == STOPS:
                     break
                 batch = [_submit(int(iterations * (1 + k * 0.1))) for k in range(RUNS)]
@@ -221,10 +246,16 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
                 offsets += watch.offsets(time.time())
                 aimed.append((shift, watch.offsets(time.time())[batch.index(target)]))
                 assert up.wait(timeout=120) == 0, log.read_text()[-2000:]
+                for run_id in batch:
+                    checkpoints = CheckpointStorage(str(home / "checkpoints")).iterations(run_id)
+                    mid_training = _status(home, run_id).get("iteration", 0) < watch.total[run_id]
+                    if mid_training and checkpoints and checkpoints[-1] > 0:
+                        paused[run_id] = checkpoints[-1]
                 up = start()
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
             up.wait(timeout=120)
+    assert resumed >= 1, offsets  # the stop aimed 2 s before a completion catches that run at least
     assert all((planned < 0) == (measured < 0) and abs(planned - measured) <= 2.0 for planned, measured in aimed), \
         f"aimed {aimed}, all {offsets}"

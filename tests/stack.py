@@ -96,6 +96,14 @@ class Stack:
         with get_client(sync_client=True) as client:
             return client.read_flow_run(run_id)  # type: ignore[arg-type]
 
+    def cancel(self, run_id: str) -> None:
+        """As a user cancels it in the UI."""
+        from prefect.client.orchestration import get_client
+        from prefect.states import Cancelling
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
+
     def wait_final(self, run_id: str, timeout_s: float = 120.0) -> Any:
         deadline = time.time() + timeout_s
         while time.time() < deadline:

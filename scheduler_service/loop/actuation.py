@@ -12,7 +12,9 @@ Two rules keep GPUs changing hands in order:
   no cycle of runs waiting on each other can form.
 
 And one rule spares restarts the plan did not price: a run nobody waits
-for is not resized when the restart would cost more than it saves. Nothing
+for is not resized when the restart would cost more than it saves; a run
+that reported its last iteration is not moved at all (a park would only
+checkpoint a finished run, and tell its user it was parked). Nothing
 else departs from the plan: a run another one waits for always follows it,
 or the one that waits misses (a rule that let a deadline run keep its GPUs
 for runs due later made an admitted run of dev102 miss by 190 s).
@@ -43,8 +45,10 @@ def actuate(runs: Iterable[LoopRun], reserved: set[int], change_s: Callable[[int
         return {g for r in active if r is not run for g in r.target}
 
     for run in [r for r in active if r.phase == RunPhase.RUNNING and r.pending_seq is None and not r.stopping]:
-        if run.target == run.commanded or run.save_error:
-            continue  # where it should be; or it cannot save, and a move would lose what it did since its last save
+        if run.target == run.commanded or run.save_error or run.finishing:
+            # where it should be; or it cannot save, and a move would lose what it did since its last
+            # save; or it is done and its GPUs come back when its process ends, moments from now
+            continue
         if run.commanded and not set(run.commanded) & wanted_by_others(run) and not_worth_a_restart(run, change_s):
             continue  # nobody waits for what it holds: spare it a restart that costs more than it gains
         if run.target and not set(run.target) & held_by_others(run):

@@ -106,6 +106,12 @@ class LoopRun:
         self.rate = Rate()
         self.replan()
 
+    @property
+    def finishing(self) -> bool:
+        """It reported its last iteration and its process has not ended yet:
+        it needs no more GPU time, and nothing it is told now changes when it ends."""
+        return self.phase == RunPhase.RUNNING and self.iteration >= self.job.iterations
+
     # -- deadlines -------------------------------------------------------------
     @property
     def plan_deadline(self) -> float | None:
@@ -334,7 +340,7 @@ class LoopRun:
         widest set it may have, at the speed it shows, after a restart."""
         curve = self.job.curve
         levels = [g for g in curve.levels if g <= widest]
-        if self.deadline is None or not levels or self.phase == RunPhase.FINISHED:
+        if self.deadline is None or not levels or self.phase == RunPhase.FINISHED or self.finishing:
             return None
         best = now + start_s + max(0.0, self.job.iterations - self.iteration) / curve.speed(levels[-1])
         return best if best > self.deadline else None

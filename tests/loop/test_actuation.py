@@ -300,3 +300,33 @@ def test_an_adopted_run_that_ends_before_it_is_planned_again_is_released() -> No
     actions = d.handle(Ended("a"), T0 + 1)
     assert [(a.run_id, a.launched) for a in actions if isinstance(a, Release)] == [("a", True)]
     assert d.loop.gpu_map() == {} and d.loop.view("a", T0 + 1) is None
+
+
+def test_a_run_that_reported_its_last_iteration_is_neither_parked_nor_told_its_guarantee_is_lost() -> None:
+    """Between its last iteration and its process's end, a run needs no GPU
+    time: the plan gives its GPUs to another, but it keeps them until it ends
+    (a park would checkpoint a finished run and tell its user "parked"), and
+    a start it will never make is no reason to say its deadline is lost (a
+    run that met its deadline with 8 s to spare was told so 2 s before)."""
+    from scheduler_service.loop.actions import GuaranteeLost
+    from scheduler_service.loop.loop import LoopSettings
+    from tests.loop.driver import SETTINGS
+
+    d = Driver(settings=LoopSettings(**{**SETTINGS.model_dump(), "defend": True}))
+    d.arrive(job("a", T0, 100_000, T0 + 100_000))
+    d.step(T0)
+    d.ack("a", T0)
+    d.arrive(job("b", T0 + 2, 20 * 10, T0 + 2 + 20))  # 10 s on one GPU: it starts now, a shrinks
+    now = T0 + 2
+    while "b" not in d.new(d.step(now), Launch) and now < T0 + 12:
+        if "a" in d.commands and len(d.commands["a"].gpus) == 1:
+            d.ack("a", now, iteration=50)
+        now += 0.5
+    d.ack("b", now)
+    d.report("b", now + 1, 100, d.commands["b"].gpus, rate=20.0)
+    end = T0 + 2 + 20 - 0.5  # all its iterations reported, its process not ended yet, its deadline near
+    d.report("b", end, 200, d.commands["b"].gpus, rate=20.0)
+    actions = [a for t in (end, end + 0.2, end + 0.4) for a in d.step(t)]
+    assert not [a for a in actions if a.run_id == "b" and isinstance(a, (Park, Rescale, GuaranteeLost))], actions
+    d.handle(Ended("b"), end + 0.5)
+    assert "a" in d.new(d.step(T0 + 24), Rescale)  # its GPU goes to a once it ended

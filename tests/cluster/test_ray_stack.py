@@ -41,6 +41,7 @@ def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
     settings["ELASTICFLOW_INTERVAL_S"] = "6"
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("ELASTICFLOW_CLUSTER", raising=False)  # nor one an earlier test's session stack left here
     home = tmp_path / "home"
     with local_stack(home, free_port(), env=settings, models=("mlp",), ray="local:2x2") as stack, \
             temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):

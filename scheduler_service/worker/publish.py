@@ -8,12 +8,14 @@ poll goes on (Prefect's view lags at worst; the store has the truth).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
 from prefect.events import emit_event
+from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Scheduled
 
 from scheduler_service.contracts import CLUSTER_RESOURCE, EventName, Label, Rejection, StateName, node_resource
@@ -23,6 +25,10 @@ from scheduler_service.worker.registry import HISTORY_COLUMNS, ServiceRun
 log = logging.getLogger("prefect.workers.elasticflow.publish")  # shown with the worker's own lines
 
 HISTORY_DESCRIPTION = "ElasticFlow allocation history"  # of each admitted run's own artifact
+# Pauses before writing a Rejected state again once Prefect's client gave up on
+# its own retries: a decision dropped there left its run Scheduled ("Late") for
+# ever, its user never told (a server answering 503 to a quarter of the writes).
+REJECTED_AGAIN_S = (2.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 
 
 class Publisher:
@@ -84,11 +90,20 @@ class Publisher:
         and the earliest deadline too (`Rejection.from_state_message`), so the
         labels (`rejection_labels`) may follow it: in a burst, writing them
         first held every state back by a third."""
-        try:
-            await self.client.set_flow_run_state(
-                UUID(run_id), Cancelled(name=StateName.REJECTED.value, message=rejection.state_message()), force=True)
-        except Exception:
-            log.exception("could not mark flow run %s Rejected", run_id)
+        for pause in (*REJECTED_AGAIN_S, None):
+            try:
+                await self.client.set_flow_run_state(
+                    UUID(run_id), Cancelled(name=StateName.REJECTED.value, message=rejection.state_message()),
+                    force=True)
+                break
+            except ObjectNotFound:  # deleted meanwhile: nobody waits for its decision
+                break
+            except Exception:
+                if pause is None:
+                    log.exception("could not mark flow run %s Rejected", run_id)
+                    break
+                log.warning("could not mark flow run %s Rejected yet; trying again in %.0f s", run_id, pause)
+                await asyncio.sleep(pause)
         self.event(run_id, EventName.DECISION, {
             "admitted": False, "reason": rejection.reason.value, "message": rejection.message,
             "earliest_feasible_deadline": (rejection.earliest_feasible_deadline.isoformat()

@@ -9,6 +9,10 @@ loop. That is why the tables are read by name with SQLAlchemy Core rather than
 through `scheduler_service.worker.store`, and why the home and the cluster's
 shape are found here again (tests/cli/test_status.py writes through the
 worker's own classes, so a drift fails there).
+
+A few lines over 400 because the read model (the run views, `report()`,
+finding the home and the cluster) still lives here beside the printing;
+issue 46 moves it below the CLI, where `stack/audit.py` can use it too.
 """
 
 from __future__ import annotations

@@ -159,15 +159,11 @@ def test_cancelling_a_running_run_ends_it_cancelled_with_a_checkpoint_and_frees_
     """The UI's cancel button on a training run: Prefect's runner must be able to
     acknowledge the cancellation (so the run ends Cancelled, not Crashed), the
     workers checkpoint before they go, and the GPUs are released after the process."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
-
     from elasticflow_block import CheckpointStorage
 
     run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
     _wait_training(stack, run_id, past=5)
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
+    stack.cancel(run_id)
     run = stack.wait_final(run_id, 90)
     assert (run.state.type.value, run.state.name) == ("CANCELLED", "Cancelled"), f"{run.state!r}\n{stack.log_tail()}"
     done = CheckpointStorage(str(stack.home / "checkpoints")).iterations(run_id)
@@ -203,9 +199,6 @@ def test_a_run_cancelled_while_no_worker_watches_is_adopted_stopped_with_a_check
     cancelled in the UI trained on to its end and stayed Cancelling for ever.
     Cancelled while no worker watched, it was not even adopted: its GPUs could
     have been handed out again while it trained on them."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
-
     from elasticflow_block import CheckpointStorage
 
     stack.wait_idle()  # on both slots: long enough to be cancelled mid-run (on one it would be done in seconds)
@@ -214,8 +207,7 @@ def test_a_run_cancelled_while_no_worker_watches_is_adopted_stopped_with_a_check
     run_id = stack.submit(iterations=400_000, deadline="+10h", checkpoint_interval=200_000)
     _wait_training(stack, run_id, past=5)
     stack.kill_worker()
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
+    stack.cancel(run_id)
     stack.start_worker(stack.worker_log.with_name("worker-restarted-to-cancel.log"))
     stack.wait_worker_started()
     assert f"adopted running flow run {run_id}" in stack.worker_log.read_text()

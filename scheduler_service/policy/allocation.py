@@ -39,6 +39,19 @@ def next_level(levels: tuple[int, ...], have: int) -> int | None:
     return None
 
 
+def keep(order: list[str], status: Mapping[str, JobStatus], alloc: dict[str, int], spare: int,
+         safe: Callable[[str, int], bool]) -> int:
+    """Each job in `order` keeps the width it runs at, if the spare GPUs
+    cover it: every change costs a restart. Mutates `alloc`; returns the
+    GPUs still spare."""
+    for job_id in order:
+        have, current = alloc.get(job_id, 0), status[job_id].gpus
+        if current > have and current - have <= spare and safe(job_id, current):
+            alloc[job_id] = current
+            spare -= current - have
+    return spare
+
+
 def grow(
     order: list[str],
     jobs: Mapping[str, Job],
@@ -53,11 +66,7 @@ def grow(
     `order` breaks ties (and sets who keeps first). Mutates `alloc`; returns
     the GPUs still spare.
     """
-    for job_id in order:
-        have, current = alloc.get(job_id, 0), status[job_id].gpus
-        if current > have and current - have <= spare and safe(job_id, current):
-            alloc[job_id] = current
-            spare -= current - have
+    spare = keep(order, status, alloc, spare, safe)
     heap: list[tuple[float, int, str, int]] = []
     for rank, job_id in enumerate(order):
         want = next_level(levels[job_id], alloc.get(job_id, 0))

@@ -36,7 +36,7 @@ from scheduler_service.policy.admission import (
     Candidate, Refused, Replanned, displace, earliest_deadline, placeable_throughout, plan_all, plan_one,
 )
 from scheduler_service.policy.allocation import (
-    cannot_afford_restarts, grant_is_safe, grant_rescues, grow, narrower_for_now, unclaimed_s)
+    cannot_afford_restarts, grant_is_safe, grant_rescues, grow, keep, narrower_for_now, unclaimed_s)
 from scheduler_service.policy.interface import (
     Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
@@ -439,12 +439,17 @@ class ElasticFlowPolicy(SchedulingPolicy):
                 self.jobs[job_id], self.plans[job_id], st, gpus, slot, self.clock,
                 unclaimed_s(self.timeline, slot, gpus, self.clock)))
 
-        deadline_jobs = sorted(self.plans, key=lambda j: (self.jobs[j].deadline, j))
-        spare = grow(deadline_jobs, self.jobs, self.levels, status, alloc, spare, safe)
         best_effort = sorted((j for j in self.jobs if j not in self.plans),
-                             key=lambda j: (self.jobs[j].submit_time, j))
+                             key=lambda j: (self.jobs[j].deadline is None, self.jobs[j].submit_time, j))
         for job_id in best_effort:
             alloc.setdefault(job_id, 0)
+        # A job whose deadline lapsed keeps the GPUs it runs on before anyone
+        # grows past a plan: parked for another's extra width, a run 90
+        # iterations from its end waited for a 20,000-iteration one.
+        lapsed = [j for j in best_effort if self.jobs[j].deadline is not None]
+        spare = keep(lapsed, status, alloc, spare, safe)
+        deadline_jobs = sorted(self.plans, key=lambda j: (self.jobs[j].deadline, j))
+        spare = grow(deadline_jobs, self.jobs, self.levels, status, alloc, spare, safe)
         grow(best_effort, self.jobs, self.levels, status, alloc, spare, safe)
         return alloc
 

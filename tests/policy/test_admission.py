@@ -248,3 +248,17 @@ def test_a_refused_job_leaves_nothing_behind_in_the_policy():
     decisions = policy.schedule(SchedulingRequest(1.0, refused, status={"a": JobStatus(5.5 * 6800, 8)})).decisions
     assert not any(d.admitted for d in decisions)
     assert set(policy.jobs) == {"a"} and set(policy.levels) == {"a"} and set(policy.plans) == {"a"}
+
+
+def test_a_job_past_its_deadline_keeps_its_gpus_rather_than_lend_them_to_extra_width():
+    """CI: a run a few seconds late was parked so that a guaranteed run with
+    25 minutes to spare could run on both GPUs, and waited for all of it."""
+    curve = ThroughputCurve({1: 20.0, 2: 36.0})
+    policy = make_policy("elasticflow", Topology(1, 1, 2), interval=2.0)
+    long, late = job("long", 20_000, 1800, curve=curve), job("late", 680, 200, curve=curve)
+    assert all(d.admitted for d in policy.schedule(SchedulingRequest(0.0, [long, late], status={})).decisions)
+    status = {"long": JobStatus(19_000, 0), "late": JobStatus(91, 2)}  # late trained slower than planned
+    reply = policy.schedule(SchedulingRequest(250.0, [], status=status))
+    assert reply.allocation["late"] == 2 and reply.allocation["long"] == 0
+    status = {"long": JobStatus(19_000, 0)}  # once it is done, the guaranteed run takes both
+    assert policy.schedule(SchedulingRequest(260.0, [], finished=["late"], status=status)).allocation["long"] == 2

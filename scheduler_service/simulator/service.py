@@ -291,7 +291,9 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
         if next_arrival < n:
             candidates.append(heard(pending[next_arrival]))
         if loop.live():
-            candidates.append(clock.slot_after(now + 1e-6) * clock.interval)  # the next slot's plan
+            # the next slot's plan: the boundary after this slot (slot_after(now + 1e-6) was `now` again
+            # a few times per slot late in a trace, its tolerance growing with the slot number)
+            candidates.append((clock.slot_of(now) + 1) * clock.interval)
         if not candidates:
             break
         now = max(min(candidates), now + 1e-6)

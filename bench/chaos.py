@@ -133,14 +133,14 @@ class Chaos:
         return next((g for g in groups_of(self.home) if g.what == what), None)
 
     def _training(self) -> list[str]:
-        from scheduler_service.cli.status import report
+        from scheduler_service.readmodel import report
         from scheduler_service.contracts import RunPhase
 
         # a run launching or moving shows as rescaling until it acknowledges its GPUs: it trains too
         return [v.flow_run_id for v in report(self.home).runs if v.phase in (RunPhase.RUNNING, RunPhase.RESCALING)]
 
     def _live(self) -> list[str]:
-        from scheduler_service.cli.status import report
+        from scheduler_service.readmodel import report
         from scheduler_service.contracts import RunPhase
 
         return [v.flow_run_id for v in report(self.home).runs
@@ -298,7 +298,7 @@ class Chaos:
     def guarantee_lost(self) -> set[str]:
         """Deadline runs the service gave up the guarantee of (GuaranteeLost:
         carried on best-effort), as the store has them."""
-        from scheduler_service.cli.status import store_url
+        from scheduler_service.readmodel import store_url
         from scheduler_service.store.db import get_engine
         from scheduler_service.worker.store import ServiceStore
 
@@ -331,7 +331,7 @@ class Chaos:
 
     def failures(self) -> list[Any]:
         """Runs that ended failed (or stopped short) that nothing excuses."""
-        from scheduler_service.cli.status import report
+        from scheduler_service.readmodel import report
         from scheduler_service.contracts import Outcome
         from scheduler_service.stack.audit import Problem, Violation
 
@@ -349,7 +349,7 @@ class Chaos:
 
     def outcomes(self) -> dict[str, dict[str, int]]:
         """Each run's outcome, by the kind of submission: what a user counts."""
-        from scheduler_service.cli.status import report
+        from scheduler_service.readmodel import report
         from scheduler_service.contracts import RunPhase
 
         views = {v.flow_run_id: v for v in report(self.home).runs}
@@ -369,7 +369,7 @@ class Chaos:
         """Until every run is final in Prefect and ended in the store (or
         `timeout_s`); a run cancelled before any worker took it in is ended
         in Prefect alone (the store never had it). The runs not ended then."""
-        from scheduler_service.cli.status import report
+        from scheduler_service.readmodel import report
         from scheduler_service.contracts import RunPhase
 
         give_up, all_ended_at, ended = time.time() + timeout_s, None, set()
@@ -398,7 +398,7 @@ class Chaos:
             return 1
 
     def excused_misses(self) -> int:
-        from scheduler_service.cli.status import report
+        from scheduler_service.readmodel import report
         from scheduler_service.contracts import Outcome
 
         excused = self.excused()

@@ -90,3 +90,14 @@ def test_the_simulator_and_the_loop_import_nothing_from_the_worker(package: str)
     worker's settings and the simulator both read it there."""
     named = _modules_named(ROOT / "scheduler_service" / package)
     assert not {m for m in named if m.startswith("scheduler_service.worker")}
+
+
+def test_nothing_below_the_cli_imports_it() -> None:
+    """Issue 46: the stack's audit read the run views from `cli/status.py`,
+    the one import that ran back up the layers; the read model is below both."""
+    for package in ("stack", "worker", "loop", "store"):
+        named = _modules_named(ROOT / "scheduler_service" / package)
+        assert not {m for m in named if m.startswith("scheduler_service.cli")}, package
+    assert not {m for m in _loaded("scheduler_service.readmodel")
+                if m.split(".")[0] == "prefect" or m.startswith(("scheduler_service.worker", "scheduler_service.policy",
+                                                                   "torch", "numpy"))}

@@ -192,7 +192,7 @@ def demo(
     GPU change, each run's outcome, then stop. Exits 1 if an admitted run failed."""
     import tempfile
 
-    from scheduler_service.stack.demo import run_demo
+    from scheduler_service.cli.demo import run_demo
     from scheduler_service.stack.local import free_port
 
     chosen = _home(home or Path(tempfile.mkdtemp(prefix="elasticflow-demo-")))

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from scheduler_service.cli.status import RunView, report
+from scheduler_service.readmodel import RunView, report
 from scheduler_service.contracts import Outcome, RunPhase
 from scheduler_service.stack.groups import groups_of
 
@@ -191,7 +191,7 @@ async def read_flow_runs(client: Any, ids: list[str] | None = None, pool: str = 
 
 def decision_counts(home: Path) -> dict[str, int]:
     """Decision rows per run in the store at `home`."""
-    from scheduler_service.cli.status import store_url
+    from scheduler_service.readmodel import store_url
     from scheduler_service.store.db import get_engine
     from scheduler_service.worker.store import ServiceStore
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from flows.training.control import FileControlChannel
 from scheduler_service.contracts import AllocationAction, RunPhase
 from scheduler_service.store.db import get_engine
+from scheduler_service.worker.cluster import load
 from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore
 
 CLUSTER = Path(__file__).resolve().parents[2] / "data" / "clusters" / "n16g4.csv"  # 64 GPUs, 4 a node
@@ -19,7 +20,9 @@ REJECTION = ("infeasible_even_on_an_idle_cluster", "even the whole cluster canno
 
 
 def fill(home: Path, runs: int = 100) -> dict[str, str]:
-    """`runs` runs cycling through KINDS, GPUs given in turn; returns name -> kind."""
+    """`runs` runs cycling through KINDS, GPUs given in turn, on CLUSTER as a
+    worker publishes it; returns name -> kind."""
+    load(CLUSTER).publish(home)
     store = ServiceStore(get_engine(f"sqlite:///{home / 'elasticflow.db'}"))
     now = datetime.now(timezone.utc)
     kinds, next_gpu = {}, 0

@@ -16,7 +16,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from scheduler_service.cli import _register, app
-from scheduler_service.cli.status import StatusReport, render, report
+from scheduler_service.cli.status import render
+from scheduler_service.readmodel import UNPUBLISHED, StatusReport, report
 from scheduler_service.contracts import RunPhase
 from tests.cli.runs import CLUSTER, REJECTION, TOTAL, fill
 
@@ -40,7 +41,6 @@ def kinds(home: Path) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
-    monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(CLUSTER))
     monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
     monkeypatch.setenv("COLUMNS", "80")
 
@@ -137,6 +137,18 @@ def test_an_empty_home_is_no_runs_not_an_error(tmp_path: Path) -> None:
     assert data.runs == [] and not (tmp_path / "elasticflow.db").exists()
 
 
+def test_before_a_worker_publishes_its_cluster_there_is_no_map_not_a_guess(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46: the map was guessed again from this shell's environment, a
+    different cluster whenever the worker's environment differed."""
+    monkeypatch.setenv("ELASTICFLOW_CLUSTER", str(CLUSTER))
+    data = report(tmp_path)
+    assert data.cluster == UNPUBLISHED and data.gpus == []
+    out = io.StringIO()
+    render(data, Console(file=out, width=80))
+    assert "GPUs: 0 of 0 busy" in out.getvalue()
+
+
 def test_status_imports_neither_prefect_nor_the_worker_nor_the_policy() -> None:
     code = ("import json, sys; from scheduler_service.cli import _register; _register('status'); "
             "import scheduler_service.cli.status as s; s.report(); print(json.dumps(sorted(sys.modules)))")
@@ -212,6 +224,9 @@ def test_bidi_overrides_zero_width_characters_and_long_names_are_escaped_and_bou
     from scheduler_service.store.db import get_engine
     from scheduler_service.worker.store import ServiceStore
 
+    from scheduler_service.worker.cluster import load
+
+    load(CLUSTER).publish(tmp_path)  # the GPU map lists each holder's name too
     store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
     store.upsert_job("00000000-0000-0000-0000-000000000001", RunPhase.RUNNING, flow_run_name="ab\u202edc\u200bx",
                      model="mlp", iterations=10, gpus="0")

@@ -111,7 +111,7 @@ def _audit(home: Path, ids: list[str]) -> Any:
 
 
 def _all_ended(home: Path, ids: list[str]) -> bool:
-    from scheduler_service.cli.status import report
+    from scheduler_service.readmodel import report
     from scheduler_service.contracts import RunPhase
 
     phases = {v.flow_run_id: v.phase for v in report(home).runs}
@@ -120,7 +120,7 @@ def _all_ended(home: Path, ids: list[str]) -> bool:
 
 def _not_met(home: Path, ids: list[str]) -> dict[str, str]:
     """The runs whose outcome is not `met`, with what it is."""
-    from scheduler_service.cli.status import report
+    from scheduler_service.readmodel import report
     from scheduler_service.contracts import Outcome
 
     views = {v.flow_run_id: v for v in report(home).runs}

@@ -13,7 +13,7 @@ from typing import Any
 from prefect.exceptions import FailedRun
 
 from elasticflow_block.deadline import DeadlinePlan, SLATooClose
-from scheduler_service.contracts import StateName
+from scheduler_service.contracts import RejectionReason, StateName
 
 
 class TrainingError(RuntimeError):
@@ -46,11 +46,13 @@ class TrainingRejected(TrainingError):
         self,
         message: str,
         flow_run_id: str | None,
-        reason: str,
+        reason: RejectionReason | str,
         earliest_feasible_deadline: datetime | None,
         plan: DeadlinePlan | None = None,
     ) -> None:
-        super().__init__(f"training rejected ({reason}): {message}", flow_run_id, "CANCELLED", StateName.REJECTED.value)
+        reason = RejectionReason.read(reason)  # its code, never the enum's repr, in what a person reads
+        super().__init__(f"training rejected ({reason.value}): {message}", flow_run_id, "CANCELLED",
+                         StateName.REJECTED.value)
         self.message, self.reason, self.earliest_feasible_deadline, self.plan = (
             message, reason, earliest_feasible_deadline, plan,
         )

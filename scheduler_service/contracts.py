@@ -100,7 +100,9 @@ def outcome_of(state: str | None, iteration: float, iterations: float, deadline:
 
 class RejectionReason(str, Enum):
     """Why a run was not admitted: decided by the service before the policy
-    sees a run, or by the policy (whose `RejectReason` uses the same values)."""
+    sees a run, or by the policy. One enum for both: the policy's answer is
+    what the run's page, `status`, the pipeline's error and the simulator's
+    tables say, never mapped back by value."""
 
     INVALID_PARAMETERS = "invalid_parameters"
     PROFILING_FAILED = "profiling_failed"

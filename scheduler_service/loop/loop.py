@@ -367,8 +367,7 @@ class ControlLoop:
         limit, so it is measured on more GPUs rather than refused (issue 42:
         every resnet run after one profiled beside a busy slot was refused
         as "even the whole cluster at 1 GPUs cannot finish")."""
-        reason = RejectionReason.read(decision.reason) if decision.reason else None
-        return run.measured_up_to is not None and reason in (RejectionReason.INFEASIBLE_ALONE,
+        return run.measured_up_to is not None and decision.reason in (RejectionReason.INFEASIBLE_ALONE,
                                                              RejectionReason.NO_USABLE_GPU_COUNT)
 
     @staticmethod
@@ -382,7 +381,7 @@ class ControlLoop:
         the room kept for safety) would not has its own reason, whether the
         policy saw the plan deadline passed or too close for any plan; an
         infeasible run is told which GPU counts it can use."""
-        reason = RejectionReason.read(decision.reason) if decision.reason else RejectionReason.REJECTED
+        reason = decision.reason or RejectionReason.REJECTED
         message = decision.message
         startup = self.start_cost.startup_s()
         work_s = self._work_alone_s(run)

@@ -3,7 +3,7 @@ shared by the trace simulator and the Prefect scheduler service."""
 
 from scheduler_service.policy.interface import (
     Decision,
-    RejectReason,
+    RejectionReason,
     SchedulingPolicy,
     SchedulingReply,
     SchedulingRequest,
@@ -13,6 +13,6 @@ from scheduler_service.policy.registry import POLICIES, make_policy
 from scheduler_service.policy.topology import Topology
 
 __all__ = [
-    "Decision", "Job", "JobStatus", "POLICIES", "RejectReason", "SchedulingPolicy",
+    "Decision", "Job", "JobStatus", "POLICIES", "RejectionReason", "SchedulingPolicy",
     "SchedulingReply", "SchedulingRequest", "ThroughputCurve", "Topology", "make_policy",
 ]

@@ -38,7 +38,7 @@ from scheduler_service.policy.admission import (
 from scheduler_service.policy.allocation import (
     cannot_afford_restarts, grant_is_safe, grant_rescues, grow, keep, narrower_for_now, unclaimed_s)
 from scheduler_service.policy.interface import (
-    Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
+    Decision, RejectionReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
@@ -140,7 +140,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
             self._refresh(slot, status)
         levels = self.levels_for(job)
         if not levels:
-            return self._reject(job, RejectReason.NO_USABLE_GPU_COUNT,
+            return self._reject(job, RejectionReason.NO_USABLE_GPU_COUNT,
                                 f"no measured GPU count of {job.model or 'this model'} fits the cluster")
         self.levels[job.job_id] = levels
         if job.deadline is None:
@@ -149,7 +149,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         now = slot * self.clock.interval
         cand = Candidate(job, status[job.job_id], levels, self._allowance(job, levels))
         if job.deadline <= now:  # still says what deadline would have been accepted now
-            return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed",
+            return self._reject(job, RejectionReason.DEADLINE_PASSED, "the deadline has already passed",
                                 self._earliest(cand, slot))
         if not self.admission:
             self.jobs[job.job_id] = job
@@ -162,7 +162,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         empty = Timeline(self.topology.num_gpus, slot)
         if self.plan_on(cand, slot, empty) is None:
             return self._reject(
-                job, RejectReason.INFEASIBLE_ALONE,
+                job, RejectionReason.INFEASIBLE_ALONE,
                 f"even the whole cluster at {levels[-1]} GPUs cannot finish {job.iterations:.0f} iterations in time",
                 earliest_deadline(cand, slot, empty, self.clock),
             )
@@ -187,7 +187,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
             self._adopt(job, chosen)
             return self._admit(job, own)
         return self._reject(
-            job, RejectReason.INSUFFICIENT_CAPACITY,
+            job, RejectionReason.INSUFFICIENT_CAPACITY,
             f"the GPUs it would need before its deadline are reserved by {len(self.guaranteed)} admitted jobs",
             self._earliest(cand, slot),
         )
@@ -264,7 +264,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         return promised(self.plans.values(), self.timeline, self.clock, now, until)
 
     @staticmethod
-    def _reject(job: Job, reason: RejectReason, message: str, earliest: float | None = None) -> Decision:
+    def _reject(job: Job, reason: RejectionReason, message: str, earliest: float | None = None) -> Decision:
         return Decision(job_id=job.job_id, admitted=False, reason=reason, message=message,
                         earliest_feasible_deadline=earliest)
 

@@ -12,25 +12,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel
 
+from scheduler_service.contracts import RejectionReason
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.placement import BuddyPlacer, Placement
 from scheduler_service.policy.plan import SlotClock
 from scheduler_service.policy.topology import Topology
-
-
-class RejectReason(str, Enum):
-    DEADLINE_PASSED = "deadline_passed"
-    INFEASIBLE_ALONE = "infeasible_even_on_an_idle_cluster"
-    INSUFFICIENT_CAPACITY = "gpus_reserved_by_admitted_jobs"
-    NO_USABLE_GPU_COUNT = "no_usable_gpu_count"
-    WINDOW_IN_DEMAND = "window_too_busy_for_its_size"  # elasticflow-overload only
-    UNKNOWN_TEAM = "unknown_team"  # on a cluster shared by teams
 
 
 class Decision(BaseModel):
@@ -39,7 +30,7 @@ class Decision(BaseModel):
     job_id: str
     admitted: bool
     guaranteed: bool = False  # admitted with a plan that meets the deadline
-    reason: RejectReason | None = None
+    reason: RejectionReason | None = None
     message: str = ""
     earliest_feasible_deadline: float | None = None  # seconds, same clock as the job's
     share: int | None = None  # the MSS: the plan's GPU cap

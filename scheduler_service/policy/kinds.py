@@ -27,7 +27,7 @@ from enum import Enum
 from typing import Callable, Mapping, Sequence
 
 from scheduler_service.policy.interface import (
-    Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
+    Decision, RejectionReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.placement import Placement
@@ -94,7 +94,7 @@ class KindsPolicy(SchedulingPolicy):
             if not waiting[job.job_id]:
                 self.jobs.pop(job.job_id)
                 decisions[job.job_id] = Decision(
-                    job_id=job.job_id, admitted=False, reason=RejectReason.NO_USABLE_GPU_COUNT,
+                    job_id=job.job_id, admitted=False, reason=RejectionReason.NO_USABLE_GPU_COUNT,
                     message=f"no throughput curve of {job.model or 'this model'} on any GPU kind here "
                             f"({', '.join(self.inner)})")
         first_round = True
@@ -126,7 +126,7 @@ class KindsPolicy(SchedulingPolicy):
             if job_id in decisions:
                 continue
             job = self.jobs[job_id]
-            full = [kind for kind, d in attempts if d.reason is RejectReason.INSUFFICIENT_CAPACITY]
+            full = [kind for kind, d in attempts if d.reason is RejectionReason.INSUFFICIENT_CAPACITY]
             moved = self._move_for(job, full, request, status, replies) if self.moves and full else None
             if moved is not None:
                 decisions[job_id] = moved
@@ -185,7 +185,7 @@ class KindsPolicy(SchedulingPolicy):
             return attempts[0][1]
         said = "; ".join(f"on {kind}: {d.message}" for kind, d in attempts)
         earliest = [d.earliest_feasible_deadline for _, d in attempts if d.earliest_feasible_deadline is not None]
-        telling = [d for _, d in attempts if d.reason is not RejectReason.INFEASIBLE_ALONE] or [d for _, d in attempts]
+        telling = [d for _, d in attempts if d.reason is not RejectionReason.INFEASIBLE_ALONE] or [d for _, d in attempts]
         best = min(telling, key=lambda d: (d.earliest_feasible_deadline is None, d.earliest_feasible_deadline or 0.0))
         return best.model_copy(update={"message": f"tried {', '.join(k for k, _ in attempts)}: {said}",
                                        "earliest_feasible_deadline": min(earliest, default=None)})

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from scheduler_service.policy.admission import Candidate, earliest_deadline, placeable_throughout
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
-from scheduler_service.policy.interface import Decision, RejectReason
+from scheduler_service.policy.interface import Decision, RejectionReason
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
 from scheduler_service.policy.plan import Overhead, Plan
 from scheduler_service.policy.strategies import SHIPPED, ElasticFlowStrategies
@@ -58,7 +58,7 @@ class ElasticFlowOverload(ElasticFlowPolicy):
             return None
         busy = 1.0 - _mean_free(plan, others, slot)
         return self._reject(
-            cand.job, RejectReason.WINDOW_IN_DEMAND,
+            cand.job, RejectionReason.WINDOW_IN_DEMAND,
             f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} GPU-hours "
             f"in slots already {busy:.0%} reserved, more than one job is worth while the cluster is this busy; "
             "a later deadline spreads it over emptier slots",

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 from scheduler_service.policy.allocation import next_level, step_cost
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.interface import (
-    Decision, RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
+    Decision, RejectionReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.topology import Topology
@@ -94,7 +94,7 @@ class TeamsPolicy(SchedulingPolicy):
         refused: list[Decision] = []
         for job in request.arrivals:
             if job.team not in self.teams:
-                refused.append(Decision(job_id=job.job_id, admitted=False, reason=RejectReason.UNKNOWN_TEAM,
+                refused.append(Decision(job_id=job.job_id, admitted=False, reason=RejectionReason.UNKNOWN_TEAM,
                                         message=f"no team {job.team!r} here (teams: {', '.join(self.teams)})"))
             else:
                 self.jobs[job.job_id] = job
@@ -213,17 +213,17 @@ class TeamsPolicy(SchedulingPolicy):
         share, inner = self.teams[team].share, self.inner[team]
         update: dict[str, object] = {"message": f"team {team} ({share} guaranteed GPUs): {decision.message}"}
         job = self.jobs[decision.job_id]
-        if decision.reason in (RejectReason.INSUFFICIENT_CAPACITY, RejectReason.WINDOW_IN_DEMAND) \
+        if decision.reason in (RejectionReason.INSUFFICIENT_CAPACITY, RejectionReason.WINDOW_IN_DEMAND) \
                 and isinstance(inner, ElasticFlowPolicy) and job.deadline is not None:
             promised = inner.promises(now, job.deadline)
             runs = f"{promised.plans} admitted run{'s' if promised.plans != 1 else ''}"
             said = (f"team {team}: up to {promised.gpus} of its {share} guaranteed GPUs are promised to {runs} "
                     f"before this run's deadline (the last promise ends in {duration(promised.ends_in_s)})")
             # The pricing's reason says more than the count; the count says nothing more.
-            update["message"] = said if decision.reason is RejectReason.INSUFFICIENT_CAPACITY \
+            update["message"] = said if decision.reason is RejectionReason.INSUFFICIENT_CAPACITY \
                 else f"{said}; {decision.message}"
-        if decision.reason is RejectReason.INFEASIBLE_ALONE and share < self.topology.num_gpus:
-            update["reason"] = RejectReason.INSUFFICIENT_CAPACITY
+        if decision.reason is RejectionReason.INFEASIBLE_ALONE and share < self.topology.num_gpus:
+            update["reason"] = RejectionReason.INSUFFICIENT_CAPACITY
             update["message"] = (f"team {team} ({share} guaranteed GPUs): even its whole share cannot finish it in "
                                  f"time ({decision.message.replace('the whole cluster', 'all of them')}); a later "
                                  "deadline, or a team with a larger share")

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scheduler_service.loop import ControlLoop, LoopSettings
 from scheduler_service.loop.actions import Admitted, Command, Launch, Rejected, Stop
 from scheduler_service.loop.events import Acknowledged, Arrived, Ended, Event, Progress
-from scheduler_service.policy import Decision, Job, RejectReason, SchedulingPolicy
+from scheduler_service.policy import Decision, Job, SchedulingPolicy
 from scheduler_service.policy.overhead import PAPER_OVERHEAD, RestartOverhead, keeps_gpus
 from scheduler_service.policy.topology import AnyTopology, kind_of
 from scheduler_service.simulator.engine import DONE_FRACTION, Deadlock, JobRecord, Run, gpus_by_kind
@@ -307,6 +307,5 @@ def _decision(action: Admitted | Rejected) -> Decision:
     if isinstance(action, Admitted):
         return Decision(job_id=action.run_id, admitted=True, guaranteed=action.guaranteed, message=action.message,
                         share=action.share, guaranteed_finish=action.guaranteed_finish)
-    reason = next((r for r in RejectReason if r.value == action.reason.value), None)  # a service reason: none
-    return Decision(job_id=action.run_id, admitted=False, reason=reason, message=action.message,
+    return Decision(job_id=action.run_id, admitted=False, reason=action.reason, message=action.message,
                     earliest_feasible_deadline=action.earliest_feasible_deadline)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from scheduler_service.contracts import Rejection
+from scheduler_service.contracts import Rejection, RejectionReason
 from elasticflow_block.deadline import (
     DownstreamStep,
     HistoryPolicy,
@@ -141,7 +141,10 @@ def test_a_rejection_tells_the_pipeline_the_sla_it_could_promise() -> None:
     plan = derive_deadline(SLA, given_steps({"evaluate": timedelta(minutes=20)}), NOW, margin=timedelta(minutes=5))
     earliest = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
     error = TrainingRejected("gpus_reserved_by_admitted_jobs: busy; earliest feasible deadline ...", "run-1",
-                             "gpus_reserved_by_admitted_jobs", earliest, plan)
+                             RejectionReason.INSUFFICIENT_CAPACITY, earliest, plan)
+    # Issue 46: the message read "(RejectionReason.INSUFFICIENT_CAPACITY)", the enum's repr
+    assert str(error).startswith("training rejected (gpus_reserved_by_admitted_jobs): ") and "RejectionReason" not in str(error)
+    assert error.reason == "gpus_reserved_by_admitted_jobs"
     assert error.earliest_feasible_sla == earliest + timedelta(minutes=25)
     copy = pickle.loads(pickle.dumps(error))  # Prefect may serialise a task's exception
     assert (copy.reason, copy.earliest_feasible_deadline, copy.flow_run_id) == (error.reason, earliest, "run-1")

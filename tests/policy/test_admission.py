@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_service.policy import (
-    Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, Topology, make_policy,
+    Job, JobStatus, RejectionReason, SchedulingRequest, ThroughputCurve, Topology, make_policy,
 )
 
 CURVE = ThroughputCurve({1: 1.0, 2: 1.9, 4: 3.4, 8: 5.5})
@@ -30,7 +30,7 @@ def test_feasible_job_is_admitted_with_its_minimum_share_and_a_finish_before_the
 def test_deadline_in_the_past_is_rejected_with_that_reason():
     policy = make_policy("elasticflow", TOPO)
     (decision,) = policy.schedule(SchedulingRequest(600.0, [job("a", 10, 300)])).decisions
-    assert not decision.admitted and decision.reason is RejectReason.DEADLINE_PASSED
+    assert not decision.admitted and decision.reason is RejectionReason.DEADLINE_PASSED
     # what to resubmit with: later than now, no later than running alone from now would need
     assert 600.0 < decision.earliest_feasible_deadline <= 600.0 + 300 + 10 * 60
 
@@ -38,7 +38,7 @@ def test_deadline_in_the_past_is_rejected_with_that_reason():
 def test_too_much_work_even_alone_names_the_earliest_deadline_that_works():
     policy = make_policy("elasticflow", TOPO)
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("a", 5.5 * 3600, 1800)])).decisions
-    assert decision.reason is RejectReason.INFEASIBLE_ALONE
+    assert decision.reason is RejectionReason.INFEASIBLE_ALONE
     earliest = decision.earliest_feasible_deadline
     assert 3600 < earliest <= 3600 + 5 * 60  # the work, a restart, a migration allowance
     again = make_policy("elasticflow", TOPO)
@@ -54,7 +54,7 @@ def test_a_busy_cluster_rejects_with_capacity_reason_and_an_admissible_deadline(
     late = job("late", 3000, 3600)
     status = {"big": JobStatus(5.5 * 7000, 8, 0.0)}
     (decision,) = policy.schedule(SchedulingRequest(0.0, [late], status=status)).decisions
-    assert not decision.admitted and decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert not decision.admitted and decision.reason is RejectionReason.INSUFFICIENT_CAPACITY
     assert "reserved" in decision.message
     retry = job("late2", 3000, decision.earliest_feasible_deadline)
     status["late"] = JobStatus(3000)

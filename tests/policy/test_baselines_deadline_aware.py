@@ -17,7 +17,7 @@ from scheduler_service.policy.baselines.pollux import (
     StepTimes,
     best_batch,
 )
-from scheduler_service.policy.interface import RejectReason, SchedulingPolicy, SchedulingReply, SchedulingRequest
+from scheduler_service.policy.interface import RejectionReason, SchedulingPolicy, SchedulingReply, SchedulingRequest
 from scheduler_service.policy.jobs import JobStatus
 from scheduler_service.simulator.engine import simulate
 from scheduler_service.simulator.inputs import InputError, load_throughputs
@@ -43,8 +43,8 @@ def test_chronus_admits_a_feasible_job_and_rejects_one_the_leases_cannot_hold():
     reply = policy.schedule(SchedulingRequest(0.0, [first, second, hopeless]))
     by_id = {d.job_id: d for d in reply.decisions}
     assert by_id["a"].admitted and by_id["a"].guaranteed and by_id["a"].share == 4
-    assert not by_id["b"].admitted and by_id["b"].reason is RejectReason.INSUFFICIENT_CAPACITY
-    assert not by_id["c"].admitted and by_id["c"].reason is RejectReason.INFEASIBLE_ALONE
+    assert not by_id["b"].admitted and by_id["b"].reason is RejectionReason.INSUFFICIENT_CAPACITY
+    assert not by_id["c"].admitted and by_id["c"].reason is RejectionReason.INFEASIBLE_ALONE
     assert by_id["c"].earliest_feasible_deadline > 120.0 and by_id["b"].message
     later = by_id["b"].earliest_feasible_deadline  # after "a", which holds the cluster until ~660 s
     assert 1200.0 <= later <= 1500.0
@@ -60,7 +60,7 @@ def test_chronus_rejects_a_deadline_that_has_passed_and_keeps_best_effort_jobs()
     free = job("free", 100, None)
     reply = policy.schedule(SchedulingRequest(60.0, [late, free]))
     by_id = {d.job_id: d for d in reply.decisions}
-    assert by_id["late"].reason is RejectReason.DEADLINE_PASSED
+    assert by_id["late"].reason is RejectionReason.DEADLINE_PASSED
     assert by_id["free"].admitted and not by_id["free"].guaranteed
     assert reply.allocation == {"free": 1}
 
@@ -110,7 +110,7 @@ def test_chronus_admitted_jobs_meet_their_deadlines_on_a_hand_made_trace():
     policy = make_policy("chronus", Topology(1, 2, 8), interval=60.0, lease_s=60.0, estimate_margin=1.0)
     run = simulate(jobs, policy)
     records = {r.job.job_id: r for r in run.records}
-    assert records["crowd"].decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert records["crowd"].decision.reason is RejectionReason.INSUFFICIENT_CAPACITY
     assert all(records[j].decision.admitted for j in ("long", "short", "tight", "be"))
     for r in run.records:
         if r.decision.admitted:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_service.inputfiles import InputError, cluster_speeds, load_cluster
-from scheduler_service.policy import Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, make_policy
+from scheduler_service.policy import Job, JobStatus, RejectionReason, SchedulingRequest, ThroughputCurve, make_policy
 from scheduler_service.policy.kinds import KindOrder
 from scheduler_service.policy.topology import MixedTopology, Topology
 
@@ -62,7 +62,7 @@ def test_a_job_with_a_curve_on_one_kind_only_runs_there():
 def test_a_rejection_names_every_kind_tried_and_the_earliest_deadline_of_any():
     policy = make_policy("elasticflow", MIXED)
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("huge", 40 * 3600, 3600)])).decisions
-    assert not decision.admitted and decision.reason is RejectReason.INFEASIBLE_ALONE
+    assert not decision.admitted and decision.reason is RejectionReason.INFEASIBLE_ALONE
     assert "tried T4, A100" in decision.message and "on A100:" in decision.message and "on T4:" in decision.message
     alone_on_a100 = 40 * 3600 / 30.0
     assert alone_on_a100 <= decision.earliest_feasible_deadline <= alone_on_a100 + 2 * 60 + 120
@@ -75,7 +75,7 @@ def test_a_full_fast_kind_is_not_reported_as_infeasible_because_the_slow_kind_is
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("second", 29 * 3600, 3600 + 600)],
                                                     status={"first": JobStatus(first.iterations)})).decisions
     assert not decision.admitted
-    assert decision.reason is RejectReason.INSUFFICIENT_CAPACITY  # true of A100; T4 alone would say infeasible
+    assert decision.reason is RejectionReason.INSUFFICIENT_CAPACITY  # true of A100; T4 alone would say infeasible
 
 
 def test_a_job_moves_to_the_slow_kind_to_let_in_one_only_the_fast_kind_can_run():
@@ -107,7 +107,7 @@ def test_a_move_that_fails_changes_nothing():
 
     with_moves, without = run(True), run(False)
     assert not with_moves.decisions[0].admitted
-    assert with_moves.decisions[0].reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert with_moves.decisions[0].reason is RejectionReason.INSUFFICIENT_CAPACITY
     assert (with_moves.allocation, with_moves.placement.blocks) == (without.allocation, without.placement.blocks)
 
 
@@ -154,5 +154,5 @@ def test_a_job_measured_on_no_kind_of_the_cluster_is_told_so():
     policy = make_policy("elasticflow", MIXED)
     lone = Job("v100", 0.0, 100, 3600, FAST, kind="V100", curves=(("V100", FAST),))
     (decision,) = policy.schedule(SchedulingRequest(0.0, [lone])).decisions
-    assert not decision.admitted and decision.reason is RejectReason.NO_USABLE_GPU_COUNT
+    assert not decision.admitted and decision.reason is RejectionReason.NO_USABLE_GPU_COUNT
     assert "on any GPU kind here (A100, T4)" in decision.message and policy.jobs == {}

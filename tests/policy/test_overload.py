@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_service.policy import Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, Topology, make_policy
+from scheduler_service.policy import Job, JobStatus, RejectionReason, SchedulingRequest, ThroughputCurve, Topology, make_policy
 from scheduler_service.policy.overhead import NO_OVERHEAD, PAPER_OVERHEAD
 from scheduler_service.policy.overload import ElasticFlowOverload
 from scheduler_service.policy.plan import cover
@@ -85,7 +85,7 @@ def test_on_a_trace_with_a_known_optimum_it_finds_it():
     admitted = {d.job_id for d in reply.decisions if d.admitted}
     assert admitted == {j.job_id for j in jobs} - {"b"}
     big = next(d for d in reply.decisions if d.job_id == "b")
-    assert big.reason is RejectReason.WINDOW_IN_DEMAND and big.earliest_feasible_deadline > 10 * HOUR
+    assert big.reason is RejectionReason.WINDOW_IN_DEMAND and big.earliest_feasible_deadline > 10 * HOUR
 
     paper = make_policy("elasticflow", topo, 60.0, overhead=NO_OVERHEAD)
     paper_admitted = {d.job_id for d in paper.schedule(SchedulingRequest(0.0, jobs)).decisions if d.admitted}
@@ -143,7 +143,7 @@ def test_a_job_turned_away_for_capacity_is_told_a_deadline_the_price_also_accept
     late = Job("late", 0.0, 2 * HOUR, 2 * HOUR, LINEAR)
     policy = make_policy("elasticflow-overload", Topology(1, 1, 8), 60.0, overhead=NO_OVERHEAD)
     decision = policy.schedule(SchedulingRequest(0.0, jobs + [late])).decisions[-1]
-    assert decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert decision.reason is RejectionReason.INSUFFICIENT_CAPACITY
     retry = Job("retry", 0.0, late.iterations, decision.earliest_feasible_deadline, LINEAR)
     status = {j.job_id: JobStatus(j.iterations) for j in jobs}
     assert policy.schedule(SchedulingRequest(0.0, [retry], status=status)).decisions[0].admitted

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_service.policy import Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, Topology, make_policy
+from scheduler_service.policy import Job, JobStatus, RejectionReason, SchedulingRequest, ThroughputCurve, Topology, make_policy
 from scheduler_service.policy.admission import Candidate, Refused, Replanned, plan_all
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
@@ -79,7 +79,7 @@ def test_without_an_allowance_a_job_that_fits_only_without_slack_is_admitted():
     # 9600 fit, 9600 plus one restart's allowance (5.5 * 37) do not.
     tight = job("tight", 9600, 1800.0)
     (shipped,) = make_policy("elasticflow", TOPO).schedule(SchedulingRequest(0.0, [tight])).decisions
-    assert shipped.reason is RejectReason.INFEASIBLE_ALONE
+    assert shipped.reason is RejectionReason.INFEASIBLE_ALONE
     assert policy_with(allowance=NO_ALLOWANCE).schedule(SchedulingRequest(0.0, [tight])).decisions[0].admitted
 
 
@@ -164,7 +164,7 @@ def test_the_policy_admits_by_the_layout_and_places_by_the_tiers_its_strategies_
             return PINNED_ONLY.split(cannot_afford)
 
     (decision,) = policy_with(layout=Neither()).schedule(SchedulingRequest(0.0, [job("a", 3600, 7200.0)])).decisions
-    assert decision.reason is RejectReason.INSUFFICIENT_CAPACITY  # it fits an idle cluster, but no layout was chosen
+    assert decision.reason is RejectionReason.INSUFFICIENT_CAPACITY  # it fits an idle cluster, but no layout was chosen
     tiers = Recorded()
     policy = policy_with(tiers=tiers)
     policy.schedule(SchedulingRequest(0.0, [job("a", 3600, 7200.0)]))

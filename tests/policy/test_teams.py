@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_service.policy import Job, JobStatus, RejectReason, SchedulingRequest, ThroughputCurve, Topology
+from scheduler_service.policy import Job, JobStatus, RejectionReason, SchedulingRequest, ThroughputCurve, Topology
 from scheduler_service.policy import make_policy
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.teams import Team
@@ -30,7 +30,7 @@ def test_a_team_that_floods_fills_its_own_share_and_no_one_elses():
     reply = policy.schedule(SchedulingRequest(0.0, flood))
     assert [d.admitted for d in reply.decisions] == [True, False, False]
     refused = reply.decisions[1]
-    assert refused.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert refused.reason is RejectionReason.INSUFFICIENT_CAPACITY
     assert refused.message == ("team vision: up to 4 of its 4 guaranteed GPUs are promised to 1 admitted run before "
                                "this run's deadline (the last promise ends in 1 h 03 min)")
     assert refused.earliest_feasible_deadline > 3600 + 300
@@ -73,7 +73,7 @@ def test_extras_go_to_the_team_least_served_for_its_share():
 def test_a_run_of_no_known_team_is_told_the_teams_there_are():
     policy = make_policy("elasticflow", TOPO, teams=TEAMS)
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("x", "robotics", 10, 600)])).decisions
-    assert not decision.admitted and decision.reason is RejectReason.UNKNOWN_TEAM
+    assert not decision.admitted and decision.reason is RejectionReason.UNKNOWN_TEAM
     assert "vision, speech" in decision.message
 
 
@@ -97,7 +97,7 @@ def test_no_admitted_run_misses_whatever_the_teams_and_arrivals(specs, shares):
 def test_a_run_too_big_for_its_teams_share_is_not_called_infeasible_on_the_cluster():
     policy = make_policy("elasticflow", TOPO, teams=TEAMS)
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("big", "vision", 6.0 * 3600, 3600)])).decisions
-    assert not decision.admitted and decision.reason is RejectReason.INSUFFICIENT_CAPACITY
+    assert not decision.admitted and decision.reason is RejectionReason.INSUFFICIENT_CAPACITY
     assert decision.message.startswith("team vision (4 guaranteed GPUs): even its whole share cannot finish it")
     assert decision.earliest_feasible_deadline > 6.0 * 3600 / 3.6  # what its share of 4 GPUs would take
 

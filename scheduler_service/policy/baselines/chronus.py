@@ -32,7 +32,7 @@ from scheduler_service.policy.baselines.chronus_leases import Demand, alone_seco
 from scheduler_service.policy.baselines.edf import requested_width
 from scheduler_service.policy.interface import (
     Decision,
-    RejectReason,
+    RejectionReason,
     SchedulingPolicy,
     SchedulingReply,
     SchedulingRequest,
@@ -101,7 +101,7 @@ class ChronusPolicy(SchedulingPolicy):
     def _arrive(self, job: Job, now: float, status: Mapping[str, JobStatus]) -> Decision:
         width = requested_width(job, self.topology)
         if not width:
-            return Decision(job_id=job.job_id, admitted=False, reason=RejectReason.NO_USABLE_GPU_COUNT,
+            return Decision(job_id=job.job_id, admitted=False, reason=RejectionReason.NO_USABLE_GPU_COUNT,
                             message=f"no measured power-of-two GPU count up to the {job.requested_gpus} requested")
         self.jobs[job.job_id] = job
         self.width[job.job_id] = width
@@ -109,16 +109,16 @@ class ChronusPolicy(SchedulingPolicy):
             return Decision(job_id=job.job_id, admitted=True, share=width,
                             message="best-effort: runs on GPUs the SLO jobs' leases leave free")
         if job.deadline <= now:
-            return self._reject(job, RejectReason.DEADLINE_PASSED, "the deadline has already passed")
+            return self._reject(job, RejectionReason.DEADLINE_PASSED, "the deadline has already passed")
         new = self._demand(job.job_id, status[job.job_id])
         if alone_seconds(new, now, self.lease) < new.need - 1e-9:
             earliest = (math.floor(now / self.lease + 1e-9) + math.ceil(new.need / self.lease) + 1) * self.lease
-            return self._reject(job, RejectReason.INFEASIBLE_ALONE,
+            return self._reject(job, RejectionReason.INFEASIBLE_ALONE,
                                 f"{new.need:.0f} s on {width} GPUs do not fit in the leases before the deadline",
                                 earliest)
         admitted = [self._demand(j, status[j]) for j in sorted(self.slo)]
         if not self._admissible(admitted, new, now):
-            return self._reject(job, RejectReason.INSUFFICIENT_CAPACITY,
+            return self._reject(job, RejectionReason.INSUFFICIENT_CAPACITY,
                                 f"no lease schedule on {width} GPUs meets this deadline and every admitted one",
                                 self._lease_time(self._earliest_lease_end(admitted, new, now)))
         self.slo.add(job.job_id)
@@ -128,7 +128,7 @@ class ChronusPolicy(SchedulingPolicy):
     def _lease_time(self, lease: int | None) -> float | None:
         return None if lease is None else lease * self.lease
 
-    def _reject(self, job: Job, reason: RejectReason, message: str, earliest: float | None = None) -> Decision:
+    def _reject(self, job: Job, reason: RejectionReason, message: str, earliest: float | None = None) -> Decision:
         self.jobs.pop(job.job_id, None)
         self.width.pop(job.job_id, None)
         return Decision(job_id=job.job_id, admitted=False, reason=reason, message=message,

@@ -32,7 +32,7 @@ from collections import deque
 from scheduler_service.policy.baselines.edf import requested_width
 from scheduler_service.policy.interface import (
     Decision,
-    RejectReason,
+    RejectionReason,
     SchedulingPolicy,
     SchedulingReply,
     SchedulingRequest,
@@ -82,7 +82,7 @@ class GandivaPolicy(SchedulingPolicy):
     def _admit(self, job: Job) -> Decision:
         width = requested_width(job, self.topology)
         if not width:
-            return Decision(job_id=job.job_id, admitted=False, reason=RejectReason.NO_USABLE_GPU_COUNT,
+            return Decision(job_id=job.job_id, admitted=False, reason=RejectionReason.NO_USABLE_GPU_COUNT,
                             message="no measured GPU count fits the request or the cluster")
         self.jobs[job.job_id] = job
         self.width[job.job_id] = width

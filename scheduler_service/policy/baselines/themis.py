@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from scheduler_service.policy.baselines.edf import requested_width
 from scheduler_service.policy.interface import (
     Decision,
-    RejectReason,
+    RejectionReason,
     SchedulingPolicy,
     SchedulingReply,
     SchedulingRequest,
@@ -130,7 +130,7 @@ class ThemisPolicy(SchedulingPolicy):
     def _admit(self, job: Job) -> Decision:
         width = requested_width(job, self.topology)
         if not width:
-            return Decision(job_id=job.job_id, admitted=False, reason=RejectReason.NO_USABLE_GPU_COUNT,
+            return Decision(job_id=job.job_id, admitted=False, reason=RejectionReason.NO_USABLE_GPU_COUNT,
                             message="no measured GPU count fits the request or the cluster")
         self.states[job.job_id] = _State(job, width, job.iterations)
         return Decision(job_id=job.job_id, admitted=True, share=width)

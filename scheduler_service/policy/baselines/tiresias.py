@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from scheduler_service.policy.baselines.edf import requested_width
 from scheduler_service.policy.interface import (
     Decision,
-    RejectReason,
+    RejectionReason,
     SchedulingPolicy,
     SchedulingReply,
     SchedulingRequest,
@@ -97,7 +97,7 @@ class TiresiasPolicy(SchedulingPolicy):
     def _admit(self, job: Job, now: float) -> Decision:
         width = requested_width(job, self.topology)
         if not width:
-            return Decision(job_id=job.job_id, admitted=False, reason=RejectReason.NO_USABLE_GPU_COUNT,
+            return Decision(job_id=job.job_id, admitted=False, reason=RejectionReason.NO_USABLE_GPU_COUNT,
                             message="no measured GPU count fits the request or the cluster")
         self._arrived += 1
         self.states[job.job_id] = _State(job, width, entered=(now, self._arrived))

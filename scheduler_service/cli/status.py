@@ -25,8 +25,8 @@ WIDE = 120  # columns from which one table fits; below, one block per run
 def _when(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "-"
-    local = moment.astimezone()
-    return local.strftime("%H:%M:%S" if local.date() == now.astimezone().date() else "%m-%d %H:%M")
+    local = moment.astimezone()  # another day's with its year: "01-01 00:00" was read as this year's
+    return local.strftime("%H:%M:%S" if local.date() == now.astimezone().date() else "%Y-%m-%d %H:%M")
 
 
 def _progress(view: RunView) -> str:
@@ -81,7 +81,9 @@ def _ranges(numbers: list[int]) -> str:
 def _gpu_map(slots: list[GpuSlot]) -> list[str]:
     """A summary line, then one line per node holding a run: a 64-GPU map fits 80 columns."""
     busy = [s for s in slots if s.holder]
-    lines = [f"GPUs: {len(busy)} of {len(slots)} busy; free: {_ranges([s.gpu for s in slots if not s.holder])}"]
+    free = [s.gpu for s in slots if not s.holder]  # "free: 0" was read as none free, not GPU 0
+    lines = [f"GPUs: {len(busy)} of {len(slots)} busy; free: "
+             + (f"GPU{'s' if len(free) > 1 else ''} {_ranges(free)}" if free else "none")]
     for node in dict.fromkeys(s.node for s in busy):
         held = " ".join(f"{s.gpu}:{s.holder or '-'}" for s in slots if s.node == node)
         lines.append(f"  {node}  {held}")

@@ -163,7 +163,9 @@ class ElasticFlowPolicy(SchedulingPolicy):
         if self.plan_on(cand, slot, empty) is None:
             return self._reject(
                 job, RejectionReason.INFEASIBLE_ALONE,
-                f"even the whole cluster at {levels[-1]} GPUs cannot finish {job.iterations:.0f} iterations in time",
+                f"even alone, on {levels[-1]} GPU{'s' if levels[-1] > 1 else ''} (the most it can use of "
+                f"{self.topology.num_gpus}), "
+                f"it cannot finish {job.iterations:.0f} iterations in time",
                 earliest_deadline(cand, slot, empty, self.clock),
             )
         fast = self.plan_on(cand, slot, self.timeline)

@@ -225,7 +225,7 @@ class TeamsPolicy(SchedulingPolicy):
         if decision.reason is RejectionReason.INFEASIBLE_ALONE and share < self.topology.num_gpus:
             update["reason"] = RejectionReason.INSUFFICIENT_CAPACITY
             update["message"] = (f"team {team} ({share} guaranteed GPUs): even its whole share cannot finish it in "
-                                 f"time ({decision.message.replace('the whole cluster', 'all of them')}); a later "
+                                 f"time ({decision.message}); a later "
                                  "deadline, or a team with a larger share")
         return decision.model_copy(update=update)
 

@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from scheduler_service.cli import _register, app
-from scheduler_service.cli.status import render
-from scheduler_service.readmodel import UNPUBLISHED, StatusReport, report
+from scheduler_service.cli.status import _gpu_map, _when, render
+from scheduler_service.readmodel import UNPUBLISHED, GpuSlot, StatusReport, report
 from scheduler_service.contracts import RunPhase
 from tests.cli.runs import CLUSTER, REJECTION, TOTAL, fill
 
@@ -64,7 +65,7 @@ def test_piped_output_names_every_run_phase_outcome_and_reason(home: Path, kinds
     assert result.exit_code == 0, result.output
     assert "100 runs: 10 running, 10 rescaling, 20 admitted-waiting, 10 profiling, 10 rejected, 40 finished" \
         in result.output
-    assert "GPUs: 20 of 64 busy; free: 20-63" in result.output
+    assert "GPUs: 20 of 64 busy; free: GPUs 20-63" in result.output
     assert "  node-0  0:run-003 1:run-004 2:run-013 3:run-014" in result.output
     blocks = _blocks(result.output)
     assert set(blocks) == set(kinds)
@@ -238,3 +239,14 @@ def test_bidi_overrides_zero_width_characters_and_long_names_are_escaped_and_bou
         text = out.getvalue()
         assert "\u202e" not in text and "\u200b" not in text and "ab\\u202edc\\u200bx" in text
         assert "L" * 200 not in text and "L" * 150 in text.replace("\n", "").replace(" ", "") and "…" in text
+
+
+def test_the_gpu_map_names_the_free_gpus_and_another_days_time_has_its_year() -> None:
+    """Issue 46: "free: 0" was read as none free (it meant GPU 0), and
+    "deadline 01-01 00:00" dropped the year."""
+    slots = [GpuSlot(gpu=0, node="localhost"), GpuSlot(gpu=1, node="localhost", holder="a")]
+    assert _gpu_map(slots)[0] == "GPUs: 1 of 2 busy; free: GPU 0"
+    assert _gpu_map([slots[1]])[0] == "GPUs: 1 of 1 busy; free: none"
+    assert _gpu_map([GpuSlot(gpu=g, node="n") for g in range(4)])[0] == "GPUs: 0 of 4 busy; free: GPUs 0-3"
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
+    assert "2027-01-01" in _when(datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc), now)

@@ -262,3 +262,13 @@ def test_a_job_past_its_deadline_keeps_its_gpus_rather_than_lend_them_to_extra_w
     assert reply.allocation["late"] == 2 and reply.allocation["long"] == 0
     status = {"long": JobStatus(19_000, 0)}  # once it is done, the guaranteed run takes both
     assert policy.schedule(SchedulingRequest(260.0, [], finished=["late"], status=status)).allocation["long"] == 2
+
+
+def test_a_job_infeasible_alone_is_told_the_gpus_it_can_use_of_the_cluster_not_the_whole_cluster():
+    """Issue 46: "even the whole cluster at 1 GPUs" on a 2-GPU cluster, for a
+    model whose speed stops growing at 1 GPU."""
+    policy = make_policy("elasticflow", Topology(1, 1, 2))
+    flat = ThroughputCurve({1: 1.0, 2: 1.0})
+    (decision,) = policy.schedule(SchedulingRequest(0.0, [job("a", 10_000, 600, curve=flat)])).decisions
+    assert decision.reason is RejectionReason.INFEASIBLE_ALONE
+    assert decision.message.startswith("even alone, on 1 GPU (the most it can use of 2), it cannot finish 10000 ")

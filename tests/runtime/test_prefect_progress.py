@@ -122,3 +122,22 @@ def test_closing_an_idle_outbox_ends_its_thread_and_events_are_capped() -> None:
     gate.set()
     assert outbox.flush(10.0)
     assert len(made) == Outbox.MAX_WAITING and made[0] == 10  # the oldest went
+
+
+def test_routine_progress_stays_out_of_the_runs_log_and_segment_changes_are_in_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 46: 97 of a 150-iteration run's 130 log lines were `training
+    progress`, burying the decision and the resizes; routine progress is the
+    artifact's, the labels' and the status file's."""
+    import logging
+
+    from flows.training.progress import ProgressTracker
+
+    tracker = ProgressTracker("run-1", 100, min_interval_s=0.0)
+    with caplog.at_level(logging.INFO, logger="elasticflow.progress"):
+        tracker.segment_started([0, 1], 0)
+        for i in range(1, 50):
+            tracker.on_iteration(i, 1.0, time.time())
+        tracker.segment_finished(SegmentResult(reason="stopped", start_iteration=0, end_iteration=49, gpus=[0, 1]))
+    said = [r.getMessage().split()[1] for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == ["segment.started", "segment.finished"]

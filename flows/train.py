@@ -24,10 +24,11 @@ from prefect.runtime import flow_run
 from flows.training.control import FileControlChannel, default_control_root
 from flows.training.launch import LaunchSpec
 from flows.training.params import TrainParameters
-from flows.training.pause import PAUSED_STATE, stack_stopping
+from flows.training.pause import stack_stopping
 from flows.training.prefect_progress import PrefectProgress
 from flows.training.runtime import TrainResult, run_training
 from flows.training.segment import SegmentResult
+from scheduler_service.contracts import StateName
 
 log = logging.getLogger("elasticflow.train")
 PAUSE_TELL_S = 20.0  # how long a pausing run tries to tell Prefect (a server restarting under a stop)
@@ -201,7 +202,7 @@ def _paused(run_key: str, control_dir: str | None) -> Pause | None:
                 state = client.read_flow_run(run_key).state  # type: ignore[arg-type]
                 if state is not None and (state.is_cancelling() or state.is_final()):
                     return None  # cancelled (or ended) meanwhile: not a pause
-                paused = Scheduled(name=PAUSED_STATE, message=message)
+                paused = Scheduled(name=StateName.RESUMING.value, message=message)
                 told = client.set_flow_run_state(run_key, paused, force=True)  # type: ignore[arg-type]
             log.warning("flow run %s %s", run_key, message)
             return Pause(message, state=told.state)

@@ -19,13 +19,17 @@ from pydantic import BaseModel
 
 
 class StateName(str, Enum):
-    """Names of the states the service gives a `train` run before it starts
-    (and of the rejection, a Cancelled state)."""
+    """Names of the states a `train` run shows besides Prefect's own: the
+    service's before it starts (and the rejection, a Cancelled state); the
+    flow's own while it moves to new GPUs (a Running state) and when a stop of
+    the stack paused it (a Scheduled state the worker picks up again and
+    Prefect's late-runs service leaves alone)."""
 
     PROFILING = "Profiling"
     ADMITTED = "Admitted"
     WAITING = "Waiting"
     RESCALING = "Rescaling"
+    RESUMING = "Resuming"
     REJECTED = "Rejected"
 
 

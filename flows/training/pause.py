@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 HOME_ENV = "ELASTICFLOW_HOME"
-PAUSED_STATE = "Resuming"  # a Scheduled state's name: the worker picks it up again, the late-runs service does not
 
 
 def stopping_mark(home: Path | str) -> Path:

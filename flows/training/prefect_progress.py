@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from flows.training.progress import ProgressSnapshot, ProgressTracker
 from flows.training.segment import SegmentResult
-from scheduler_service.contracts import Label, training_event
+from scheduler_service.contracts import Label, StateName, training_event
 
 log = logging.getLogger("elasticflow.progress")
 
@@ -189,7 +189,7 @@ class PrefectProgress(ProgressTracker):
             gpus = ",".join(map(str, result.gpus))
             how = "stopped" if result.paused else "checkpointed"  # paused ranks save only if they cannot go on
             self._outbox.put(self._safely("state", lambda: self._state(
-                "Rescaling", f"{how} at iteration {self.iteration} on GPUs {gpus}; "
+                StateName.RESCALING.value, f"{how} at iteration {self.iteration} on GPUs {gpus}; "
                 "continuing on the GPU set the scheduler chose")), key="state")
 
     def on_iteration(self, iteration: int, loss: float, wall_t: float) -> None:

@@ -17,7 +17,6 @@ from typing import Any, Callable
 from uuid import UUID
 
 from flows.training.control import FileControlChannel
-from flows.training.pause import PAUSED_STATE
 from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, StateName, outcome_of
 from scheduler_service.loop.events import Adopted
 from scheduler_service.worker.channels import trained_at
@@ -52,7 +51,7 @@ def found_in(flow_run: Any | None) -> Found:
     return Found(final=False, running=state.is_running() or state.is_pending() or state.is_cancelling(),
                  cancelling=state.is_cancelling(), scheduled=state.is_scheduled(),
                  control_dir=(flow_run.parameters or {}).get("control_dir"),
-                 paused=state.is_scheduled() and state.name == PAUSED_STATE)
+                 paused=state.is_scheduled() and state.name == StateName.RESUMING)
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
@@ -289,7 +288,7 @@ async def _resume(client: Any, store: ServiceStore, row: RunRecord, message: str
     from prefect.states import Scheduled
 
     try:
-        await client.set_flow_run_state(UUID(row.flow_run_id), Scheduled(name="Resuming", message=message),
+        await client.set_flow_run_state(UUID(row.flow_run_id), Scheduled(name=StateName.RESUMING.value, message=message),
                                         force=True)
     except Exception:
         log.exception("could not put flow run %s back in the queue", row.flow_run_id)

@@ -268,7 +268,7 @@ def test_a_run_the_stop_crashed_resumes_and_one_crashed_before_it_stays_failed(t
 
     from prefect.states import Crashed, Scheduled
 
-    from flows.training.pause import PAUSED_STATE
+    from scheduler_service.contracts import StateName
     from scheduler_service.worker.recovery import recover
 
     stop = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -284,14 +284,14 @@ def test_a_run_the_stop_crashed_resumes_and_one_crashed_before_it_stays_failed(t
     crashed_late, crashed_early = Crashed(message="aborted by a termination signal"), Crashed(message="oom")
     crashed_late.timestamp = stop.replace(second=5)  # type: ignore[assignment]
     crashed_early.timestamp = stop.replace(minute=0, hour=11)  # type: ignore[assignment]
-    client = _Client({by_stop: crashed_late, before: crashed_early, paused: Scheduled(name=PAUSED_STATE)})
+    client = _Client({by_stop: crashed_late, before: crashed_early, paused: Scheduled(name=StateName.RESUMING.value)})
     adopted = asyncio.run(recover(client, store, str(tmp_path), 2, NOW, alive=lambda pid, run_id: False,
                                   stopped_at=stop.timestamp()))
     assert sorted(run.run_id for run, _ in adopted) == sorted([by_stop, paused])
     assert all(not event.running for _, event in adopted)  # admitted, waiting for GPUs
     statuses = {row.flow_run_id: (row.status, row.outcome) for row in store.jobs()}  # type: ignore[attr-defined]
     assert statuses == {by_stop: ("admitted", None), before: ("finished", "failed"), paused: ("admitted", None)}
-    assert client.set == {by_stop: PAUSED_STATE}  # back in the queue, in the same flow run
+    assert client.set == {by_stop: StateName.RESUMING.value}  # back in the queue, in the same flow run
     for run_id in (by_stop, paused, before):  # their GPUs were freed once
         assert [a.action for a in store.allocations(run_id)] == ["release"]  # type: ignore[attr-defined]
 
@@ -308,7 +308,7 @@ def test_a_run_the_stop_paused_after_its_last_iteration_is_completed_not_trained
 
     from prefect.states import Scheduled
 
-    from flows.training.pause import PAUSED_STATE
+    from scheduler_service.contracts import StateName
     from scheduler_service.worker.recovery import recover
 
     done, midway = str(uuid.uuid4()), str(uuid.uuid4())
@@ -325,7 +325,7 @@ def test_a_run_the_stop_paused_after_its_last_iteration_is_completed_not_trained
                                 "event": "completed" if run_id == done else "segment.finished"})
         os.utime(channel.status_path, (finished_at.timestamp(), finished_at.timestamp()))
     store = _store_with(rows)
-    client = _Client({run_id: Scheduled(name=PAUSED_STATE) for run_id in (done, midway)})
+    client = _Client({run_id: Scheduled(name=StateName.RESUMING.value) for run_id in (done, midway)})
     restart = datetime(2026, 12, 1, 12, 55, tzinfo=timezone.utc).timestamp()
     adopted = asyncio.run(recover(client, store, str(tmp_path), 2, restart, alive=lambda pid, run_id: False))
     assert [run.run_id for run, _ in adopted] == [midway]

@@ -30,7 +30,7 @@ PHASE_ORDER = (RunPhase.RUNNING, RunPhase.RESCALING, RunPhase.ADMITTED, RunPhase
 UNPUBLISHED = "not known yet: no worker has started with this home"
 
 
-class GpuSlot(BaseModel):
+class GpuHolder(BaseModel):
     gpu: int
     node: str
     holder: str | None = None  # the run's name, None when free
@@ -79,7 +79,7 @@ class StatusReport(BaseModel):
     at: datetime
     store: str
     cluster: str
-    gpus: list[GpuSlot]
+    gpus: list[GpuHolder]
     runs: list[RunView]
     left_out: list[LeftOut] = []  # nodes the worker found and does not use, and why
     teams: list[TeamStatus] = []  # on a cluster shared by teams
@@ -229,5 +229,5 @@ def report(home: Path | None = None) -> StatusReport:
 
     shown = make_url(url).render_as_string(hide_password=True)
     return StatusReport(at=datetime.now(timezone.utc), store=shown, cluster=description,
-                        gpus=[GpuSlot(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
+                        gpus=[GpuHolder(gpu=g, node=n, holder=holders.get(g)) for g, n in enumerate(node_of)],
                         runs=views, left_out=left_out, teams=_team_status(_teams(home), views))

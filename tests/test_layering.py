@@ -101,3 +101,16 @@ def test_nothing_below_the_cli_imports_it() -> None:
     assert not {m for m in _loaded("scheduler_service.readmodel")
                 if m.split(".")[0] == "prefect" or m.startswith(("scheduler_service.worker", "scheduler_service.policy",
                                                                    "torch", "numpy"))}
+
+
+def test_each_class_name_means_one_thing() -> None:
+    """Issue 46: `Cluster`, `Outcome`, `Placement`, `RunView`, `Stop`, `Job`,
+    `GpuSlot`, `Run` and more each named two different things (and `Released`
+    and `Release` two close ones); a reader who met one took it for the other."""
+    defined: dict[str, list[str]] = {}
+    for package in ("scheduler_service", "flows", "elasticflow_block"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: where for name, where in defined.items() if len(where) > 1}

@@ -66,7 +66,7 @@ def settings_of(env: dict[str, str]) -> dict[str, str]:
 
 
 @dataclass
-class Job:
+class ForkJob:
     """What a forked child runs: a flow process with the client's environment."""
 
     env: dict[str, str]
@@ -101,7 +101,7 @@ class ForkServer:
         self.children: dict[int, socket.socket | None] = {}  # pid -> client connection (None: client gone)
         self.accepting = True
 
-    def serve(self) -> Job | None:
+    def serve(self) -> ForkJob | None:
         """Serve until told to stop and every flow process has exited (None), or
         return the job to run in a freshly forked child."""
         sel = selectors.DefaultSelector()
@@ -137,7 +137,7 @@ class ForkServer:
             self._reap(sel)
         return None
 
-    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> Job | None:
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> ForkJob | None:
         try:
             conn, _ = listener.accept()
         except OSError as exc:  # out of fds, say: this client times out and starts cold, others still come
@@ -205,7 +205,7 @@ class ForkServer:
             for target, fd in zip((0, 1, 2), fds):
                 os.dup2(fd, target)
                 os.close(fd)
-            return Job(env, cwd, argv, client_pid)
+            return ForkJob(env, cwd, argv, client_pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
         for fd in fds:
             os.close(fd)

@@ -33,7 +33,7 @@ from flows.training.segment import SegmentSpec  # noqa: E402
 from flows.training.supervision import ProgressLine, read_progress  # noqa: E402
 
 
-class PlacementError(RuntimeError):
+class MisplacedRank(RuntimeError):
     """A rank is not where the placement says (or cannot get there)."""
 
 
@@ -49,7 +49,7 @@ def interface_of(ip: str) -> str:
                 continue
             if socket.inet_ntoa(packed[20:24]) == ip:
                 return name
-    raise PlacementError(f"no interface holds {ip}")
+    raise MisplacedRank(f"no interface holds {ip}")
 
 
 @ray.remote(num_cpus=0, max_concurrency=4)
@@ -92,7 +92,7 @@ class RankActor:
         logging.getLogger().setLevel(logging.INFO)
         spec = SegmentSpec.model_validate_json(spec_json)
         if spec.device == "cuda" and torch.cuda.device_count() != 1:
-            raise PlacementError(f"rank {order.rank} sees {torch.cuda.device_count()} CUDA devices, not GPU "
+            raise MisplacedRank(f"rank {order.rank} sees {torch.cuda.device_count()} CUDA devices, not GPU "
                                  f"{order.device_index} alone")
         write_private(self.dir / spec_file(round_), spec_json)
         worker = self.worker = rank_mod.Worker(spec, self.dir, order, round_)

@@ -46,7 +46,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
 from flows.training.orders import RankOrder, Seat, rank_orders  # noqa: E402
 from flows.training.regroup import Next, next_file, spec_file  # noqa: E402
-from flows.training.ray_actor import PlacementError, node_id_here  # noqa: E402
+from flows.training.ray_actor import MisplacedRank, node_id_here  # noqa: E402
 from flows.training.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
 from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
 from flows.training.supervision import (  # noqa: E402
@@ -144,7 +144,7 @@ class RaySegment:
         self.actors = [self.pool.take(slot) for slot in self.placement]
         try:
             self._start()
-        except (PlacementError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except (MisplacedRank, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             self.died = self.died or isinstance(exc, ray.exceptions.RayActorError)
             self.start_error = f"ranks could not start on {', '.join(self.nodes)}: {type(exc).__name__}: {exc}"
 
@@ -152,7 +152,7 @@ class RaySegment:
         self.where = ray.get([a.where.remote() for a in self.actors], timeout=HANDOVER_S)
         for rank, (slot, where) in enumerate(zip(self.placement, self.where)):
             if where["node"] != slot.node:  # hard affinity makes this impossible; check anyway
-                raise PlacementError(f"rank {rank} landed on node {where['node']}, not {slot.node} ({slot.name})")
+                raise MisplacedRank(f"rank {rank} landed on node {where['node']}, not {slot.node} ({slot.name})")
         elsewhere = sorted({w["host"] for w in self.where} - {socket.gethostname()})
         if elsewhere and _is_local_path(self.spec.checkpoint_url):
             raise CheckpointStoreNotShared(
@@ -192,10 +192,10 @@ class RaySegment:
         try:
             arrived = ray.get([a.where.remote() for a in joiners], timeout=HANDOVER_S)
             if any(w["node"] != place[gpu].node for w, gpu in zip(arrived, joining)):
-                raise PlacementError(f"a newcomer is not on its node: {arrived}")
+                raise MisplacedRank(f"a newcomer is not on its node: {arrived}")
             master_ip = self.where[stay[0]]["ip"]
             port = ray.get(self.actors[stay[0]].free_port.remote(master_ip), timeout=HANDOVER_S)
-        except (PlacementError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except (MisplacedRank, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             log.warning("no resize in place run_key=%s: newcomers could not start (%s: %s)", spec.run_key,
                         type(exc).__name__, exc)
             for actor in joiners:

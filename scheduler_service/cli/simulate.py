@@ -24,11 +24,13 @@ from scheduler_service.simulator.outcomes import (
 from scheduler_service.simulator.report import results_table, write_json, write_plot
 from scheduler_service.simulator.metrics import PolicyResult
 from scheduler_service.simulator.noise import Noise, SlowPeriods
-from scheduler_service.simulator.service import Actuation as Actuation_
+from scheduler_service.simulator.service import Actuation
 from scheduler_service.simulator.service import ServiceOptions
 
 
-class Actuation(str, Enum):
+class ActuationName(str, Enum):
+    """How the simulator carries out the policy's decisions (`--actuation`)."""
+
     SERVICE = "service"
     IDEAL = "ideal"
     AUTHORS = "authors"
@@ -95,7 +97,7 @@ def simulate(
     plot: Optional[Path] = typer.Option(None, help="Write a PNG of GPUs in use over time and deadline ratios."),
     jobs_csv: Optional[Path] = typer.Option(
         None, "--jobs-csv", help="Write one row per job and policy: decision, reason, MSS, start, finish, met."),
-    actuation: list[Actuation] = typer.Option(
+    actuation: list[ActuationName] = typer.Option(
         ["service"], help="service: the service's own control loop, with a simulated backend (what the service "
                           "would do); ideal: the bare policy with an idealised restart; authors: the bare "
                           "policy with restarts free, counted as the authors' simulator counts. Repeatable."),
@@ -127,13 +129,13 @@ def simulate(
     """Replay a job trace against scheduling policies and compare deadline ratios."""
     noisy = Noise(seed=seed, speed_sigma=noise, jitter_sigma=jitter, start_sigma=start_noise,
                   slow=SlowPeriods() if slow_periods else None)
-    service = ServiceOptions(launch_s=launch_s, in_place_s=in_place_s, actuation=Actuation_(noise=noisy),
+    service = ServiceOptions(launch_s=launch_s, in_place_s=in_place_s, actuation=Actuation(noise=noisy),
                              **({} if safety_margin is None else {"safety_margin": safety_margin}))
     experiment = Experiment(resolve(trace, "traces"), resolve(cluster, "clusters"), resolve(throughputs, "throughputs"),
                             interval, actuations=tuple(a.value for a in actuation), service=service, teams=teams)
     results = run_experiment(experiment, policy, json_out, plot, jobs_csv)
     if not noisy.quiet and results:
-        quiet = replace(experiment, service=service.model_copy(update={"actuation": Actuation_()}))
+        quiet = replace(experiment, service=service.model_copy(update={"actuation": Actuation()}))
         print_beside_noiseless(results, run_experiment(quiet, policy, None, None, None, show=False), noisy)
 
 

@@ -16,7 +16,7 @@ import typer
 from scheduler_service.cli import app
 from scheduler_service.contracts import Outcome, RunPhase
 from scheduler_service.readmodel import (
-    PHASE_ORDER, GpuSlot, LeftOut, RunView, StatusReport, gpu_list, report,
+    PHASE_ORDER, GpuHolder, LeftOut, RunView, StatusReport, gpu_list, report,
 )
 
 WIDE = 120  # columns from which one table fits; below, one block per run
@@ -78,7 +78,7 @@ def _ranges(numbers: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "none"
 
 
-def _gpu_map(slots: list[GpuSlot]) -> list[str]:
+def _gpu_map(slots: list[GpuHolder]) -> list[str]:
     """A summary line, then one line per node holding a run: a 64-GPU map fits 80 columns."""
     busy = [s for s in slots if s.holder]
     free = [s.gpu for s in slots if not s.holder]  # "free: 0" was read as none free, not GPU 0

@@ -96,14 +96,14 @@ class Stop(Command):
 
 
 @dataclass(frozen=True, slots=True)
-class Released:
+class HoldsNoGpus:
     """The run acknowledged giving up every GPU (parked or stopped); still alive."""
 
     run_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class Release:
+class GpusFreed:
     """The run's process ended (or it left before it was launched): its GPUs are free."""
 
     run_id: str
@@ -172,5 +172,5 @@ class ProfileNeeded:
     measured_up_to: int
 
 
-Action = (Admitted | Rejected | ProfileNeeded | GuaranteeLost | Launch | Rescale | Park | Stop | Released | Release
+Action = (Admitted | Rejected | ProfileNeeded | GuaranteeLost | Launch | Rescale | Park | Stop | HoldsNoGpus | GpusFreed
           | Await | RiskChanged | GpusLost | Started | StartedSlowly)

@@ -37,8 +37,8 @@ from scheduler_service.loop.actions import (
     ProfileNeeded,
     GuaranteeLost,
     Rejected,
-    Release,
-    Released,
+    GpusFreed,
+    HoldsNoGpus,
     RiskChanged,
     Started,
     StartedSlowly,
@@ -60,7 +60,7 @@ from scheduler_service.loop.events import (
     StartsRecalled,
     Unreserved,
 )
-from scheduler_service.loop.run import LoopRun, RunView
+from scheduler_service.loop.run import LoopRun, RunFacts
 from scheduler_service.loop.speed_seen import SpeedSeen
 from scheduler_service.loop.speed_errors import MarginRule, SpeedErrors
 from scheduler_service.loop.start_cost import StartCost
@@ -172,7 +172,7 @@ class ControlLoop:
             case Acknowledged():
                 run = self._find(event.run_id)
                 if run is not None and run.acknowledge(event.seq, event.gpus):
-                    return [Released(run.run_id)]
+                    return [HoldsNoGpus(run.run_id)]
             case Ended():
                 return self._ended(event.run_id)
             case CancelRequested():
@@ -253,7 +253,7 @@ class ControlLoop:
             self.gone.append(run_id)
         self.speed_seen.forget(run_id)
         run.finish()
-        return [Release(run_id, launched, run.iteration, run.job.iterations)]
+        return [GpusFreed(run_id, launched, run.iteration, run.job.iterations)]
 
     def _rebase(self, event: ClusterChanged) -> list[Action]:
         """Go on with a policy made for the new cluster. Every admitted run is
@@ -471,13 +471,13 @@ class ControlLoop:
         held.update({g: f"service:{name}" for name, gpus in self.reserved.items() for g in gpus})
         return held
 
-    def view(self, run_id: str, now: float) -> RunView | None:
+    def view(self, run_id: str, now: float) -> RunFacts | None:
         run = self._find(run_id)
         if run is None:
             return None
         return run.view(run.projected_finish(now), run.risk_margin(self.at_risk_s, self.settings.interval_s))
 
-    def views(self, now: float) -> list[RunView]:
+    def views(self, now: float) -> list[RunFacts]:
         """Every run the loop knows, decided or not."""
         return [v for run_id in [*self.runs, *(r.run_id for r in self.arrivals)]
                 if (v := self.view(run_id, now)) is not None]

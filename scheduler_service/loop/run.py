@@ -26,7 +26,7 @@ NOT_MOVING_S = RATE_WINDOW_S * 100  # projected finish of a run that does not mo
 
 
 @dataclass(frozen=True, slots=True)
-class RunView:
+class RunFacts:
     """A run as displays read it: the cluster view, `status`, the history artifact."""
 
     run_id: str
@@ -357,6 +357,6 @@ class LoopRun:
             finish = own if own is not None else finish
         return finish
 
-    def view(self, projected_finish: float | None, risk_margin_s: float) -> RunView:
-        return RunView(self.run_id, self.phase, self.job.model, self.held, self.iteration, self.job.iterations,
+    def view(self, projected_finish: float | None, risk_margin_s: float) -> RunFacts:
+        return RunFacts(self.run_id, self.phase, self.job.model, self.held, self.iteration, self.job.iterations,
                        self.deadline, self.plan_deadline, self.share, projected_finish, risk_margin_s, self.at_risk)

@@ -40,7 +40,7 @@ FILL_MARGIN = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
+class Stretch:
     """`gpus` GPUs held over slots [start, end)."""
 
     start: int
@@ -50,7 +50,7 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    runs: tuple[Run, ...]  # ascending, non-overlapping; gaps hold nothing
+    runs: tuple[Stretch, ...]  # ascending, non-overlapping; gaps hold nothing
     share: int  # the cap q that produced it: the job's MSS level
 
     def gpus_at(self, slot: int) -> int:
@@ -72,7 +72,7 @@ class Plan:
     def end(self) -> int:
         return self.runs[-1].end if self.runs else 0
 
-    def future(self, slot: int) -> tuple[Run, ...]:
+    def future(self, slot: int) -> tuple[Stretch, ...]:
         return tuple(r for r in self.runs if r.end > slot)
 
 
@@ -153,7 +153,7 @@ def fill(
     current_gpus: int,
     overhead_left: float,
     clock: SlotClock,
-) -> tuple[tuple[Run, ...], float]:
+) -> tuple[tuple[Stretch, ...], float]:
     """Progressive filling at cap `cap`: the latest-starting plan that covers
     `need`, or the most the timeline allows if nothing covers it.
 
@@ -164,7 +164,7 @@ def fill(
     if end_slot <= now_slot or need <= 0:
         return (), 0.0
     need *= 1 + FILL_MARGIN
-    runs: list[Run] = []  # built latest first
+    runs: list[Stretch] = []  # built latest first
     closed = 0.0
     run_gpus = 0
     run_end = end_slot
@@ -175,20 +175,20 @@ def fill(
         if g != run_gpus:
             if run_gpus:
                 closed += _work(curve, run_gpus, _span(b, run_end, deadline, dt), clock.overhead(run_gpus))
-                runs.append(Run(b, run_end, run_gpus))
+                runs.append(Stretch(b, run_end, run_gpus))
             run_gpus, run_end = g, b
             if g:
                 tail = max(0.0, run_end * dt - deadline)  # part of the last slot past the deadline
                 start = run_end - math.ceil(((need - closed) / curve.points[g] + clock.overhead(g) + tail) / dt)
         if g and start >= a and start > now_slot:
-            runs.append(Run(start, run_end, g))
+            runs.append(Stretch(start, run_end, g))
             runs.reverse()
             return tuple(runs), closed + _work(curve, g, _span(start, run_end, deadline, dt), clock.overhead(g))
     if run_gpus:  # the earliest run reaches now
         seconds = _span(now_slot, run_end, deadline, dt)
         charge = overhead_left if run_gpus == current_gpus else clock.overhead(run_gpus)
         closed += _work(curve, run_gpus, seconds, charge)
-        runs.append(Run(now_slot, run_end, run_gpus))
+        runs.append(Stretch(now_slot, run_end, run_gpus))
     runs.reverse()
     return tuple(runs), closed
 
@@ -265,7 +265,7 @@ def front_load(
     start_q = plan.runs[0].start
     target = need * (1 + FILL_MARGIN)
     dt = clock.interval
-    runs: list[Run] = []
+    runs: list[Stretch] = []
     work = 0.0
     for a, b, g in _forward_runs(timeline, levels, now_slot, clock.slot_after(deadline), start_q, below, q):
         charge = overhead_left if (a == now_slot and g == current_gpus) else clock.overhead(g)
@@ -274,9 +274,9 @@ def front_load(
             end = min(b, a + max(1, math.ceil(((target - work) / curve.points[g] + charge) / dt)))
             while end < b and work + _work(curve, g, _span(a, end, deadline, dt), charge) < target:
                 end += 1  # float rounding of the estimate above
-            runs.append(Run(a, end, g))
+            runs.append(Stretch(a, end, g))
             return Plan(tuple(runs), q)
-        runs.append(Run(a, b, g))
+        runs.append(Stretch(a, b, g))
         work += gain
     return plan
 

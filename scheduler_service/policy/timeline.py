@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Iterator
 
-from scheduler_service.policy.plan import Run
+from scheduler_service.policy.plan import Stretch
 
 
 class Timeline:
@@ -78,7 +78,7 @@ class Timeline:
         self._used.insert(i + 1, self._used[i])
         return i + 1
 
-    def add(self, runs: tuple[Run, ...] | list[Run], sign: int = 1, since: int | None = None) -> None:
+    def add(self, runs: tuple[Stretch, ...] | list[Stretch], sign: int = 1, since: int | None = None) -> None:
         """Reserve (sign=+1) or release (sign=-1) the runs' GPUs, from `since` on."""
         for run in runs:
             start = run.start if since is None else max(run.start, since)

@@ -27,7 +27,7 @@ from flows.training.launch import LaunchSpec
 from scheduler_service.worker.cancellation import (
     Cancellations,
     Escalation,
-    Stop,
+    Cancelling,
     StopStep,
     is_flow_process,
     process_id,
@@ -38,7 +38,7 @@ log = logging.getLogger("prefect.workers.elasticflow.backend")  # shown with the
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class RankPlacement:
     """A run's ranks, one per GPU, and the nodes those GPUs are on."""
 
     run_id: str
@@ -65,7 +65,7 @@ class ExecutionBackend(Protocol):
     def close(self) -> None:
         """Stop taking launches; running runs keep going."""
 
-    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+    def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
         """Start this run's ranks on these GPUs: fill in the environment of the
         flow process Prefect's worker starts (it launches the ranks), with
         `spec` completed (placement, standby ranks, where the ranks run)."""
@@ -80,7 +80,7 @@ class ExecutionBackend(Protocol):
                   adopted: bool) -> StopStep | None:
         """The next step in stopping a cancelled run that Prefect cannot stop."""
 
-    def forget(self, run_id: str) -> Stop | None:
+    def forget(self, run_id: str) -> Cancelling | None:
         """The run's processes are gone: what was done to stop them, if anything."""
 
     def kill(self, infrastructure_id: str, run_id: str | None, grace_s: float) -> None:
@@ -111,7 +111,7 @@ class FlowProcesses:
         if self._forkserver is not None:  # it stops taking runs; the running ones keep their relay
             self._forkserver[0].terminate()
 
-    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+    def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
         """The flow process's environment: the launch, with the placement; no
         secret of the worker's; the fork server, unless the run starts cold."""
         from flows.training.boot import FORKSERVER_ENV
@@ -157,7 +157,7 @@ class FlowProcesses:
                   adopted: bool) -> StopStep | None:
         return self.stops.step(run_id, self.pid_of(infrastructure_id), message, now, adopted)
 
-    def forget(self, run_id: str) -> Stop | None:
+    def forget(self, run_id: str) -> Cancelling | None:
         return self.stops.forget(run_id)
 
     def kill(self, infrastructure_id: str, run_id: str | None, grace_s: float) -> None:
@@ -193,7 +193,7 @@ class LocalProcesses:
     def close(self) -> None:
         self.flows.close()
 
-    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+    def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
         """Its boot starts the first segment's ranks as standbys, one per GPU."""
         self.flows.prepare(env, placement, spec.model_copy(update={"standby": len(placement.gpus)}))
 
@@ -207,7 +207,7 @@ class LocalProcesses:
                   adopted: bool) -> StopStep | None:
         return self.flows.stop_step(run_id, infrastructure_id, message, now, adopted)
 
-    def forget(self, run_id: str) -> Stop | None:
+    def forget(self, run_id: str) -> Cancelling | None:
         return self.flows.forget(run_id)
 
     def kill(self, infrastructure_id: str, run_id: str | None, grace_s: float) -> None:

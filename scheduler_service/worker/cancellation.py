@@ -84,7 +84,7 @@ class Escalation:
 
 
 @dataclass
-class Stop:
+class Cancelling:
     """A run seen `Cancelling`, and what was done to its process."""
 
     pid: int | None
@@ -113,13 +113,13 @@ class Cancellations:
         self.grace_s = grace_s
         self.terminate_after_s = terminate_after_s
         self.kill_after_s = kill_after_s
-        self._stops: dict[str, Stop] = {}
+        self._stops: dict[str, Cancelling] = {}
 
     def step(self, run_id: str, pid: int | None, message: str | None, now: float, adopted: bool) -> StopStep | None:
         """The run is `Cancelling` at `now`: take the step that is due (None:
         nothing for now). STOP is the worker's to send, on the run's control
         channel; the signals are sent here."""
-        stop = self._stops.setdefault(run_id, Stop(pid, message or "cancelled", now))
+        stop = self._stops.setdefault(run_id, Cancelling(pid, message or "cancelled", now))
         stop.pid = stop.pid or pid  # a run seen as it launched has its PID only later
         if stop.pid is None or not is_flow_process(stop.pid, run_id):
             return StopStep.GONE
@@ -134,7 +134,7 @@ class Cancellations:
             stop.signals = Escalation(stop.pid, run_id, self.kill_after_s)
         return stop.signals.step(now)
 
-    def forget(self, run_id: str) -> Stop | None:
+    def forget(self, run_id: str) -> Cancelling | None:
         """The run's process is gone: what was asked of it, if anything."""
         return self._stops.pop(run_id, None)
 

@@ -5,7 +5,7 @@ time as an embedded plot).
 
 It shows what the control loop knows (its run views: GPUs held, iteration,
 projected finish, at-risk flag); whether a deadline is at risk is the
-loop's to say (`RunView.at_risk`, the flag behind `RiskChanged`), not this view's. Everything here is keyed by
+loop's to say (`RunFacts.at_risk`, the flag behind `RiskChanged`), not this view's. Everything here is keyed by
 flow run id; names are only words on the page.
 """
 
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from scheduler_service.contracts import Outcome, RunPhase
-from scheduler_service.loop.run import RunView
+from scheduler_service.loop.run import RunFacts
 from scheduler_service.policy.teams import TeamUse
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.plot import AllocationSample, allocation_markdown, samples_from_changes
@@ -64,7 +64,7 @@ class ClusterView:
         if self.samples:
             self._last_allocation = dict(self.samples[-1].gpus)
 
-    def snapshot(self, views: list[RunView], names: dict[str, str], now: float,
+    def snapshot(self, views: list[RunFacts], names: dict[str, str], now: float,
                  teams: list[TeamUse] | None = None) -> ClusterSnapshot:
         """The cluster now, as the loop sees it."""
         jobs = []
@@ -143,7 +143,7 @@ class ClusterView:
                                        names=self.names)
         return cluster_markdown(snapshot, self.margin) + ("\n\n" + plot if plot else "")
 
-    async def show(self, client: Any, views: list[RunView], names: dict[str, str], now: float,
+    async def show(self, client: Any, views: list[RunFacts], names: dict[str, str], now: float,
                    teams: list[TeamUse] | None = None) -> None:
         """Keep the artifact current: rewritten when GPUs change hands, or now and then as runs progress."""
         import anyio

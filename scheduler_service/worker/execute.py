@@ -26,8 +26,8 @@ from scheduler_service.loop.actions import (
     Launch,
     ProfileNeeded,
     Rejected,
-    Release,
-    Released,
+    GpusFreed,
+    HoldsNoGpus,
     RiskChanged,
     Started,
     StartedSlowly,
@@ -50,7 +50,7 @@ class Applied:
     state is known (after a cancelled one is settled)."""
 
     launches: list[Any] = field(default_factory=list)
-    ended: list[tuple[ServiceRun, Release]] = field(default_factory=list)
+    ended: list[tuple[ServiceRun, GpusFreed]] = field(default_factory=list)
 
     def __iadd__(self, other: "Applied") -> "Applied":
         self.launches += other.launches
@@ -86,7 +86,7 @@ class Executor:
                 continue
             if await self._one(run, action, now) and run.response is not None:
                 applied.launches.append(run.response)
-            if isinstance(action, Release):
+            if isinstance(action, GpusFreed):
                 applied.ended.append((run, action))
         return applied
 
@@ -115,9 +115,9 @@ class Executor:
                 await reporter.guarantee_lost(run)
             case Await():
                 await reporter.waiting(run, action.placed, now)
-            case Released():
+            case HoldsNoGpus():
                 await reporter.released(run, view)
-            case Release():
+            case GpusFreed():
                 self.registry.forget(run.run_id)
                 await reporter.released_for_good(run, action)
             case RiskChanged():
@@ -141,7 +141,7 @@ class Executor:
         for run, release in applied.ended:
             await self.reporter.in_background(self._tell_how_it_ended, run, release, lane=run.run_id)
 
-    async def _tell_how_it_ended(self, run: ServiceRun, release: Release) -> None:
+    async def _tell_how_it_ended(self, run: ServiceRun, release: GpusFreed) -> None:
         state, why = await self.watch.final_state(run.run_id) if release.launched else ("CANCELLED", None)
         # The loop knows the iteration of the last progress it was told; rank 0's last status on the
         # channel may be later (the run finished between two polls, or while no worker watched).

@@ -47,7 +47,7 @@ Measure = Callable[[Request, list[int], bool], dict[int, float]]
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class ProfileOutcome:
     """A run whose wait in Profiling is over: its curve, or why there is none."""
 
     run: ServiceRun
@@ -67,7 +67,7 @@ def _name(key: Key | KindKey) -> str:
     return f"profiling {key[0]}@{key[1]}" + (f" on {key[3]}" if len(key) > 3 else "")
 
 
-class Cluster(Protocol):
+class GpuLedger(Protocol):
     """What profiling asks of the control loop: where to measure, and who holds what."""
 
     @property
@@ -134,7 +134,7 @@ class Profiler:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def poll(self, now: float, cluster: Cluster, max_job_gpus: int) -> tuple[list[Outcome], list[Event]]:
+    def poll(self, now: float, cluster: GpuLedger, max_job_gpus: int) -> tuple[list[ProfileOutcome], list[Event]]:
         """Start what can start on `cluster`: the runs whose wait is over, and
         the GPUs reserved or given back meanwhile (for the loop)."""
         # Done as of now, once: a profile that ends later in this poll is
@@ -159,7 +159,7 @@ class Profiler:
                 # by itself (it has the same timeout) and is reported below.
                 del self.waiting[run_id]
                 why = self._no_gpus(request, now - run.taken_in_at, holders)
-                out.append(Outcome(run, None, RejectionReason.PROFILING_FAILED, why))
+                out.append(ProfileOutcome(run, None, RejectionReason.PROFILING_FAILED, why))
                 continue
             if future is None or request.profile_key not in done:
                 continue
@@ -167,10 +167,10 @@ class Profiler:
             try:
                 points = usable_points(future.result(), request.batch_size, max_job_gpus)
             except Exception as exc:  # profiling is the user's model running: any error is theirs to see
-                out.append(Outcome(run, None, RejectionReason.PROFILING_FAILED, f"{type(exc).__name__}: {exc}"))
+                out.append(ProfileOutcome(run, None, RejectionReason.PROFILING_FAILED, f"{type(exc).__name__}: {exc}"))
                 continue
             partial = widest[request.profile_key] < self._widest(request, max_job_gpus)
-            out.append(Outcome(run, points, measured_up_to=widest[request.profile_key] if partial else None))
+            out.append(ProfileOutcome(run, points, measured_up_to=widest[request.profile_key] if partial else None))
         needed = {run.request.profile_key for run in self.waiting.values()}
         for key in done - needed:
             future, request, width = self._running.pop(key), self._requests.pop(key), self._widths.pop(key)
@@ -195,7 +195,7 @@ class Profiler:
         return (f"no GPUs were free to profile {what} for {waited_s:.0f} s (held: {holders}); submit it again "
                 "later, or measure it first with `elasticflow profile`")
 
-    def _start(self, cluster: Cluster, max_job_gpus: int, holders: str) -> list[Event]:
+    def _start(self, cluster: GpuLedger, max_job_gpus: int, holders: str) -> list[Event]:
         started: list[Event] = []
         taken: set[int] = set()  # reserved in this poll, before the loop hears of it
         for key, request in list(self._queued.items()):
@@ -215,7 +215,7 @@ class Profiler:
             self._running[key] = self._pool.submit(self.measure, request, list(gpus), True)
         return started
 
-    def _start_later(self, cluster: Cluster, max_job_gpus: int) -> list[Event]:
+    def _start_later(self, cluster: GpuLedger, max_job_gpus: int) -> list[Event]:
         """One measurement no run waits for, if nothing else is measured or
         waits to be: a partial curve completed on a block wider than it was
         measured on (one kind of GPU only: on a cluster of kinds each kind is
@@ -262,7 +262,7 @@ class Profiler:
         return widest_measured(self.device, request.batch_size, max_job_gpus)
 
     @staticmethod
-    def holders(cluster: Cluster, reserved: Iterable[str] = ()) -> str:
+    def holders(cluster: GpuLedger, reserved: Iterable[str] = ()) -> str:
         """Who holds which GPU, for messages about GPUs that are not free
         (`reserved`: holders giving theirs back now)."""
         held = {gpu: holder for gpu, holder in cluster.gpu_map().items()

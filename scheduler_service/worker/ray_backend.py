@@ -30,8 +30,8 @@ from flows.training.ray_nodes import (
     read_nodes,
 )
 from scheduler_service.policy.topology import AnyTopology, MixedTopology, Topology
-from scheduler_service.worker.backend import FlowProcesses, Placement
-from scheduler_service.worker.cancellation import Stop, StopStep
+from scheduler_service.worker.backend import FlowProcesses, RankPlacement
+from scheduler_service.worker.cancellation import Cancelling, StopStep
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.settings import SettingsError
 
@@ -90,7 +90,7 @@ class RayBackend:
     def close(self) -> None:
         self.flows.close()
 
-    def prepare(self, env: dict[str, str], placement: Placement, spec: LaunchSpec) -> None:
+    def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
         """The flow process puts its ranks on this cluster; none on this machine."""
         self.flows.prepare(env, placement, spec.model_copy(update={"ray_address": self.address, "standby": 0}))
         if is_loopback(self.address):
@@ -116,7 +116,7 @@ class RayBackend:
             if run_id is not None:
                 self.kill_ranks(run_id)
 
-    def forget(self, run_id: str) -> Stop | None:
+    def forget(self, run_id: str) -> Cancelling | None:
         """The coordinating process is gone; so must its ranks be (they are, unless Ray lags)."""
         self.kill_ranks(run_id)
         return self.flows.forget(run_id)

@@ -31,8 +31,8 @@ from scheduler_service.contracts import (
     StateName,
     outcome_of,
 )
-from scheduler_service.loop.actions import Admitted, Command, Release, RiskChanged
-from scheduler_service.loop.run import RunView
+from scheduler_service.loop.actions import Admitted, Command, GpusFreed, RiskChanged
+from scheduler_service.loop.run import RunFacts
 from scheduler_service.worker.lanes import Lanes
 from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.registry import ServiceRun
@@ -133,7 +133,7 @@ class Reporter:
         await self.publisher.history(run, self._header(run, guaranteed_finish))
 
     async def _history_now(self, run: ServiceRun, action: AllocationAction, gpus: tuple[int, ...],
-                           view: RunView | None, guaranteed_finish: float | None = None) -> None:
+                           view: RunFacts | None, guaranteed_finish: float | None = None) -> None:
         """A row with where the run stands now, as the loop sees it."""
         await self._history(run, action, gpus, view.iteration if view is not None else 0,
                             view.projected_finish if view is not None else None, guaranteed_finish)
@@ -180,7 +180,7 @@ class Reporter:
         except Exception:
             pass
 
-    async def admitted(self, run: ServiceRun, action: Admitted, view: RunView | None, now: float) -> None:
+    async def admitted(self, run: ServiceRun, action: Admitted, view: RunFacts | None, now: float) -> None:
         share = action.share
         if action.replanned:  # its one decision stands, and so does its phase (a running run stays running)
             self.store.upsert_job(run.run_id, share=share)
@@ -223,7 +223,7 @@ class Reporter:
         self.store.upsert_job(run.run_id, message=why)  # what `elasticflow status` says of it
         await self._waiting_state(run, StateName.WAITING, now, why)
 
-    async def allocation(self, run: ServiceRun, command: Command, view: RunView | None, nodes: list[str],
+    async def allocation(self, run: ServiceRun, command: Command, view: RunFacts | None, nodes: list[str],
                          at_risk: bool, now: float) -> None:
         """A launch, a resize, a park or a stop: a store row, its history, labels, an event, a line."""
         action, gpus = command.kind, command.gpus
@@ -245,13 +245,13 @@ class Reporter:
         """How long its start took: in the store only, for the next worker to recall."""
         self.store.add(StartRecord(flow_run_id=run.run_id, took_s=took_s))
 
-    async def released(self, run: ServiceRun, view: RunView | None) -> None:
+    async def released(self, run: ServiceRun, view: RunFacts | None) -> None:
         """It acknowledged giving up every GPU (parked or stopped), still alive."""
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASED.value, gpus=""))
         self.store.upsert_job(run.run_id, gpus="")
         await self.in_background(self._history_now, run, AllocationAction.RELEASED, (), view, lane=run.run_id)
 
-    async def released_for_good(self, run: ServiceRun, release: Release) -> None:
+    async def released_for_good(self, run: ServiceRun, release: GpusFreed) -> None:
         """Its process ended (or it left before it was launched): its GPUs are
         free, in the store first; how it ended is told once its final state is known."""
         self.store.upsert_job(run.run_id, RunPhase.FINISHED, gpus="")
@@ -259,7 +259,7 @@ class Reporter:
         await self.in_background(self._history, run, AllocationAction.RELEASE, (), release.iteration, None,
                                  lane=run.run_id)
 
-    def ended(self, run: ServiceRun, release: Release, state: str | None, why: str | None,
+    def ended(self, run: ServiceRun, release: GpusFreed, state: str | None, why: str | None,
               now: float) -> Outcome:
         """How it ended, by one rule (contracts.outcome_of): in the store, the
         run's own log and an `elasticflow.run.ended` event."""
@@ -272,7 +272,7 @@ class Reporter:
             "iterations": release.iterations, "deadline": iso(run.deadline), "ended": iso(now)})
         return outcome
 
-    def risk(self, run: ServiceRun, change: RiskChanged, view: RunView | None) -> None:
+    def risk(self, run: ServiceRun, change: RiskChanged, view: RunFacts | None) -> None:
         """Automations and the run's own page hear of a deadline at risk, and of its recovery."""
         from scheduler_service.contracts import epoch_to_datetime
 

@@ -35,7 +35,7 @@ from scheduler_service.policy.topology import kinds_of
 from scheduler_service.text import one_line_logs
 from scheduler_service.worker import cluster as cluster_mod
 from scheduler_service.worker import intake
-from scheduler_service.worker.backend import Identified, InfrastructureGone, Placement, backend_for
+from scheduler_service.worker.backend import Identified, InfrastructureGone, RankPlacement, backend_for
 from scheduler_service.worker.channels import observe
 from scheduler_service.worker.cluster_view import ClusterView
 from scheduler_service.worker.configuration import (
@@ -283,7 +283,7 @@ class ElasticFlowWorker(ProcessWorker):
         placed = self.registry.get(run_id)
         if placed is not None:
             gpus = placed.launch_gpus
-            self.backend.prepare(configuration.env, Placement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))),
+            self.backend.prepare(configuration.env, RankPlacement(run_id, gpus, tuple(self.cluster.nodes_of(gpus))),
                                  LaunchSpec(deadline=epoch_to_datetime(placed.deadline), admitted=True))
             configuration.env["ELASTICFLOW_HOME"] = str(self.settings.home)
         from prefect.utilities.processutils import command_to_string, get_sys_executable

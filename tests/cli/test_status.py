@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from scheduler_service.cli import _register, app
 from scheduler_service.cli.status import _gpu_map, _when, render
-from scheduler_service.readmodel import UNPUBLISHED, GpuSlot, StatusReport, report
+from scheduler_service.readmodel import UNPUBLISHED, GpuHolder, StatusReport, report
 from scheduler_service.contracts import RunPhase
 from tests.cli.runs import CLUSTER, REJECTION, TOTAL, fill
 
@@ -244,9 +244,9 @@ def test_bidi_overrides_zero_width_characters_and_long_names_are_escaped_and_bou
 def test_the_gpu_map_names_the_free_gpus_and_another_days_time_has_its_year() -> None:
     """Issue 46: "free: 0" was read as none free (it meant GPU 0), and
     "deadline 01-01 00:00" dropped the year."""
-    slots = [GpuSlot(gpu=0, node="localhost"), GpuSlot(gpu=1, node="localhost", holder="a")]
+    slots = [GpuHolder(gpu=0, node="localhost"), GpuHolder(gpu=1, node="localhost", holder="a")]
     assert _gpu_map(slots)[0] == "GPUs: 1 of 2 busy; free: GPU 0"
     assert _gpu_map([slots[1]])[0] == "GPUs: 1 of 1 busy; free: none"
-    assert _gpu_map([GpuSlot(gpu=g, node="n") for g in range(4)])[0] == "GPUs: 0 of 4 busy; free: GPUs 0-3"
+    assert _gpu_map([GpuHolder(gpu=g, node="n") for g in range(4)])[0] == "GPUs: 0 of 4 busy; free: GPUs 0-3"
     now = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
     assert "2027-01-01" in _when(datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc), now)

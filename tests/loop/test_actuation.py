@@ -4,7 +4,7 @@ its old holder acknowledged giving it up."""
 
 from __future__ import annotations
 
-from scheduler_service.loop.actions import Admitted, Launch, Park, Released, Rescale, Stop
+from scheduler_service.loop.actions import Admitted, Launch, Park, HoldsNoGpus, Rescale, Stop
 from scheduler_service.loop.events import Acknowledged, Adopted, CancelRequested, Ended, Progress, Reserved, Unreserved
 from tests.loop.driver import T0, Driver, job
 
@@ -56,7 +56,7 @@ def test_a_run_told_to_stop_holds_its_gpus_until_it_acknowledges_and_is_never_co
     d.arrive(job("b", T0 + 2, 36 * 60, T0 + 2 + 70))  # needs both GPUs: only if "a" no longer counts
     assert d.kinds(T0 + 2) == {"b": ["Admitted", "Await"]}  # "a" still holds both
     assert d.commands["a"] == stop  # no rescale or park supersedes the stop
-    assert isinstance(d.ack("a", T0 + 2)[0], Released)
+    assert isinstance(d.ack("a", T0 + 2)[0], HoldsNoGpus)
     assert "b" in d.new(d.step(T0 + 2), Launch)
     (release,) = d.handle(Ended("a"), T0 + 3)
     assert release.launched  # type: ignore[union-attr]
@@ -292,13 +292,13 @@ def test_an_adopted_run_that_ends_before_it_is_planned_again_is_released() -> No
     launched finished while no worker watched, and the next worker heard of
     the end before its first plan; the loop dropped the run as 'never
     decided', so the store kept it running on its GPU forever."""
-    from scheduler_service.loop.actions import Release
+    from scheduler_service.loop.actions import GpusFreed
 
     d = Driver()
     d.handle(Adopted("a", job("a", T0 - 100, 4000, T0 + 600), share=1, running=True, held=(0,),
                      commanded=(0,), last_seq=1), T0)
     actions = d.handle(Ended("a"), T0 + 1)
-    assert [(a.run_id, a.launched) for a in actions if isinstance(a, Release)] == [("a", True)]
+    assert [(a.run_id, a.launched) for a in actions if isinstance(a, GpusFreed)] == [("a", True)]
     assert d.loop.gpu_map() == {} and d.loop.view("a", T0 + 1) is None
 
 

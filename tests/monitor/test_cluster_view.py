@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from scheduler_service.contracts import Outcome, RunPhase
-from scheduler_service.loop.run import RunView
+from scheduler_service.loop.run import RunFacts
 from scheduler_service.worker.cluster import load
 from scheduler_service.worker.cluster_view import REFRESH_S, ClusterView
 from scheduler_service.worker.plot import legend_names
@@ -23,9 +23,9 @@ def _view() -> ClusterView:
 
 
 def _run(run_id: str, deadline_in_s: float | None, gpus: tuple[int, ...], iteration: int = 0,
-         finish_in_s: float | None = None, phase: RunPhase = RunPhase.RUNNING) -> RunView:
+         finish_in_s: float | None = None, phase: RunPhase = RunPhase.RUNNING) -> RunFacts:
     deadline = None if deadline_in_s is None else NOW + deadline_in_s
-    return RunView(run_id, phase, "mlp", gpus, iteration, 1000.0, deadline, deadline, 1,
+    return RunFacts(run_id, phase, "mlp", gpus, iteration, 1000.0, deadline, deadline, 1,
                    None if finish_in_s is None else NOW + finish_in_s, 60.0)
 
 

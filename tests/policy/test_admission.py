@@ -118,11 +118,11 @@ def test_decisions_do_not_depend_on_the_clock_origin():
 def test_the_timeline_stays_minimal_and_releases_exactly(runs):
     """Merging only where a change ends keeps no two neighbouring segments
     equal, and releasing what was reserved gives back the empty timeline."""
-    from scheduler_service.policy.plan import Run
+    from scheduler_service.policy.plan import Stretch
     from scheduler_service.policy.timeline import Timeline
 
     tl = Timeline(64)
-    plan = [Run(s, s + n, g) for s, n, g in runs]
+    plan = [Stretch(s, s + n, g) for s, n, g in runs]
     tl.add(plan)
     used = [u for _, u in tl.segments()]
     assert all(a != b for a, b in zip(used, used[1:]))

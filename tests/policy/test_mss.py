@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from scheduler_service.policy.jobs import ThroughputCurve
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
-from scheduler_service.policy.plan import Plan, Run, SlotClock, cover, fill, minimum_satisfactory_share
+from scheduler_service.policy.plan import Plan, Stretch, SlotClock, cover, fill, minimum_satisfactory_share
 from scheduler_service.policy.timeline import Timeline
 
 CLOCK = SlotClock(60.0, PAPER_OVERHEAD)
@@ -20,7 +20,7 @@ def test_curve_levels_drop_counts_that_do_not_speed_up():
 
 def test_timeline_reserve_and_release_round_trip():
     tl = Timeline(16)
-    runs = (Run(10, 20, 4), Run(15, 30, 8))
+    runs = (Stretch(10, 20, 4), Stretch(15, 30, 8))
     tl.add(runs)
     assert tl.free_at(12) == 12 and tl.free_at(17) == 4 and tl.free_at(25) == 8 and tl.free_at(30) == 16
     tl.add(runs, sign=-1)
@@ -38,7 +38,7 @@ def test_mss_covers_fits_and_is_minimal(res, need, deadline_slot, current):
     tl = Timeline(16)
     for start, length, gpus in res:
         if all(tl.free_at(s) >= gpus for s in range(start, start + length)):
-            tl.add([Run(start, start + length, gpus)])
+            tl.add([Stretch(start, start + length, gpus)])
     deadline = deadline_slot * 60.0 - 17.0  # a deadline inside a slot
     levels = CURVE.capped(16)
     plan = minimum_satisfactory_share(CURVE, levels, need, 0, deadline, tl, current, 0.0, CLOCK)
@@ -76,12 +76,12 @@ def test_a_share_above_the_lowest_level_runs_from_now_at_the_level_below_then_at
     assert at_share.start == filled[0].start  # the switch is where the backward-filled plan starts
     assert at_share.end < 100  # so it finishes before the deadline, handing the last slots back
     assert cover(plan, CURVE, 0, deadline, 0, 0.0, CLOCK) >= need
-    assert cover(Plan(plan.runs[:1] + (Run(at_share.start, at_share.end - 1, 2),), 2), CURVE, 0, deadline, 0, 0.0,
+    assert cover(Plan(plan.runs[:1] + (Stretch(at_share.start, at_share.end - 1, 2),), 2), CURVE, 0, deadline, 0, 0.0,
                  CLOCK) < need  # and not a slot later than it must
 
 
 def test_running_at_the_planned_width_pays_no_new_restart():
-    plan = Plan((Run(0, 10, 2),), 2)
+    plan = Plan((Stretch(0, 10, 2),), 2)
     fresh = cover(plan, CURVE, 0, 600.0, 0, 0.0, CLOCK)
     running = cover(plan, CURVE, 0, 600.0, 2, 0.0, CLOCK)
     assert running - fresh == pytest.approx(1.8 * PAPER_OVERHEAD(2))

@@ -9,13 +9,13 @@ from scheduler_service.policy.allocation import (
 )
 from scheduler_service.policy.jobs import Job, JobStatus, ThroughputCurve
 from scheduler_service.policy.overhead import RestartOverhead
-from scheduler_service.policy.plan import Plan, Run, SlotClock
+from scheduler_service.policy.plan import Plan, Stretch, SlotClock
 from scheduler_service.policy.timeline import Timeline
 
 CLOCK = SlotClock(2.0, RestartOverhead(2.0, 0.5, 0.0))  # the test stack's: 2 s slots, 2.5 s a start
 CURVE = ThroughputCurve({1: 1000.0})
 JOB = Job("late", 0.0, 5000.0, 600.0, CURVE)
-LATE_PLAN = Plan((Run(295, 299, 1),), 1)  # its 5 s of work planned in the window's last 8 s (5,500 iterations)
+LATE_PLAN = Plan((Stretch(295, 299, 1),), 1)  # its 5 s of work planned in the window's last 8 s (5,500 iterations)
 
 
 def test_a_run_planned_late_takes_spare_gpus_no_plan_claims_before_a_start_is_paid() -> None:
@@ -25,7 +25,7 @@ def test_a_run_planned_late_takes_spare_gpus_no_plan_claims_before_a_start_is_pa
     assert grant_is_safe(JOB, LATE_PLAN, JobStatus(5000.0), 1, 0, CLOCK, unclaimed_s(idle, 0, 1, CLOCK))
     # Both GPUs claimed by another run's plan from the next slot: a start there would be taken back unpaid.
     busy = idle.copy()
-    busy.add((Run(1, 200, 2),))
+    busy.add((Stretch(1, 200, 2),))
     assert unclaimed_s(busy, 0, 1, CLOCK) == 2.0
     assert not grant_is_safe(JOB, LATE_PLAN, JobStatus(5000.0), 1, 0, CLOCK, unclaimed_s(busy, 0, 1, CLOCK))
 
@@ -34,13 +34,13 @@ def test_a_run_on_spare_gpus_its_plan_does_not_need_can_always_be_moved() -> Non
     """Pinned, such runs made placement move guaranteed runs instead: two
     admitted runs of ITP cluster07 (16 x 8) missed through the service's loop."""
     assert affords_restarts(JOB, LATE_PLAN, JobStatus(5000.0, 1, 0.0), 1, 0, CLOCK, restarts=2)
-    short = Plan((Run(298, 299, 1),), 1)  # covers less than what is left: it is not spare to it
+    short = Plan((Stretch(298, 299, 1),), 1)  # covers less than what is left: it is not spare to it
     assert not affords_restarts(JOB, short, JobStatus(60_000.0, 1, 0.0), 1, 0, CLOCK)
 
 
 def test_free_for_counts_the_slots_a_width_stays_unreserved() -> None:
     timeline = Timeline(4)
-    timeline.add((Run(3, 10, 2), Run(5, 8, 2)))
+    timeline.add((Stretch(3, 10, 2), Stretch(5, 8, 2)))
     assert timeline.free_for(0, 2, 20) == 5  # 2 free until slot 5, where all 4 are taken
     assert timeline.free_for(0, 3, 20) == 3
     assert timeline.free_for(10, 4, 20) == 10  # nothing reserved from slot 10 on
@@ -61,14 +61,14 @@ def test_a_run_its_plan_no_longer_carries_gets_the_idle_gpus_its_one_chance() ->
         # At 100 s it holds nothing with 20 s of work left on both GPUs: 22.5 s with the start, due in 20.
         reply = policy.schedule(SchedulingRequest(100.0, status={"a": JobStatus(190 * 20, 0, 0.0)}))
         assert reply.allocation["a"] == 2, name
-    short = Plan((Run(0, 10, 1),), 1)  # 20 s on 1 GPU: 20,000 iterations less its start
+    short = Plan((Stretch(0, 10, 1),), 1)  # 20 s on 1 GPU: 20,000 iterations less its start
     assert falls_short(JOB, short, JobStatus(25_000.0, 1, 0.0), 0, CLOCK)
     assert not falls_short(JOB, short, JobStatus(5000.0, 1, 0.0), 0, CLOCK)
 
 
 def test_a_grant_to_a_run_that_falls_short_must_do_more_than_where_it_is_in_the_time_it_lasts() -> None:
     wide = Job("w", 0.0, 60_000.0, 600.0, ThroughputCurve({1: 1000.0, 2: 1900.0}))
-    short = Plan((Run(0, 10, 1),), 1)
+    short = Plan((Stretch(0, 10, 1),), 1)
     behind = JobStatus(60_000.0, 1, 0.0)
     assert grant_rescues(wide, short, behind, 2, 0, CLOCK, unclaimed_s=10.0)  # 1,900/s for 7.5 s > 1,000/s for 10
     assert not grant_rescues(wide, short, behind, 2, 0, CLOCK, unclaimed_s=4.0)  # claimed before it pays its start

@@ -14,7 +14,7 @@ from scheduler_service.policy import Job, JobStatus, RejectionReason, Scheduling
 from scheduler_service.policy.admission import Candidate, Refused, Replanned, plan_all
 from scheduler_service.policy.elasticflow import ElasticFlowPolicy
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
-from scheduler_service.policy.plan import Plan, Run, SlotClock, cover
+from scheduler_service.policy.plan import Plan, Stretch, SlotClock, cover
 from scheduler_service.policy.strategies import (
     BACKWARD_FILLED, DEADLINE_ORDER, FAST_PATH_FIRST, KEEP_FULL_ALLOWANCE, KEEP_WHAT_IS_LEFT, NO_ALLOWANCE,
     PINNED_AND_FRAGILE, PINNED_ONLY, REPLAN_ALL, REPLAN_FIRST, SHIPPED, TRIM_SOONEST_DUE, ElasticFlowStrategies,
@@ -133,15 +133,15 @@ def test_the_fast_path_first_never_computes_the_re_plan_it_does_not_need():
         raise AssertionError("the re-plan was computed")
 
     clock = SlotClock(60.0, PAPER_OVERHEAD)
-    fast = Plan((Run(0, 10, 4),), 4)
+    fast = Plan((Stretch(0, 10, 4),), 4)
     assert FAST_PATH_FIRST.choose(fast, replan, Timeline(8), 0, clock) is fast
 
 
 def test_the_layout_choices_pick_the_re_plan_or_the_freer_layout():
     clock = SlotClock(60.0, PAPER_OVERHEAD)
-    fast = Plan((Run(0, 10, 4),), 4)
+    fast = Plan((Stretch(0, 10, 4),), 4)
     full = Timeline(8)
-    full.add([Run(0, 60, 8)])
+    full.add([Stretch(0, 60, 8)])
     busier, freer = Replanned(full, {}), Replanned(Timeline(8), {})
     assert REPLAN_FIRST.choose(fast, lambda: busier, Timeline(8), 0, clock) is busier
     assert REPLAN_FIRST.choose(fast, lambda: Refused("x"), Timeline(8), 0, clock) is fast

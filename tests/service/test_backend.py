@@ -16,7 +16,7 @@ import pytest
 
 from flows.training.launch import LaunchSpec
 from scheduler_service.worker import ray_backend
-from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, Placement
+from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, RankPlacement
 from scheduler_service.worker.ray_backend import RayBackend
 
 RUN = "0b7c1d2e-0000-4000-8000-000000000002"
@@ -72,7 +72,7 @@ def ray(monkeypatch: pytest.MonkeyPatch) -> RayBackend:
 
 def test_a_placement_reaches_the_flow_process_as_its_launch_spec(ray: RayBackend) -> None:
     admitted = LaunchSpec(deadline="2030-01-01T00:00:00+00:00", admitted=True)
-    placement = Placement("r", (2, 3), ("node-a",))
+    placement = RankPlacement("r", (2, 3), ("node-a",))
     env: dict[str, str] = {"ELASTICFLOW_DATABASE_URL": "postgresql://u:secret@db/x", "PREFECT_API_URL": "http://x"}
     LocalProcesses(warm_start=False).prepare(env, placement, admitted)
     assert set(env) == {"ELASTICFLOW_LAUNCH", "PREFECT_API_URL"}  # the worker's store credentials are not passed on

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flows.training.control import FileControlChannel
 from scheduler_service.contracts import Outcome, outcome_of
-from scheduler_service.loop.actions import Release
+from scheduler_service.loop.actions import GpusFreed
 from scheduler_service.worker.execute import Executor
 from scheduler_service.worker.registry import ServiceRun
 
@@ -24,7 +24,7 @@ class _Reporter:
     def __init__(self) -> None:
         self.told: list[Outcome] = []
 
-    def ended(self, run: ServiceRun, release: Release, state: str | None, why: str | None, now: float) -> Outcome:
+    def ended(self, run: ServiceRun, release: GpusFreed, state: str | None, why: str | None, now: float) -> Outcome:
         outcome = outcome_of(state, release.iteration, release.iterations, run.deadline, now)
         self.told.append(outcome)
         return outcome
@@ -41,5 +41,5 @@ def test_a_run_that_finished_unseen_ends_with_the_iterations_its_rank_reported(t
     run = ServiceRun("r1", "calm-otter", channel, 2_000.0, model="mlp", iterations=224, taken_in_at=0.0)
     reporter = _Reporter()
     executor = Executor(None, None, reporter, lambda: None, _Watch(), _View(), lambda: 1_000.0, None)  # type: ignore[arg-type]
-    asyncio.run(executor._tell_how_it_ended(run, Release("r1", True, iteration=0, iterations=224)))
+    asyncio.run(executor._tell_how_it_ended(run, GpusFreed("r1", True, iteration=0, iterations=224)))
     assert reporter.told == [Outcome.MET]

@@ -16,7 +16,7 @@ from scheduler_service.loop.events import Reserved
 from scheduler_service.policy import Topology
 from scheduler_service.policy.topology import AnyTopology, MixedTopology
 from scheduler_service.worker.intake import Request, new_run, read_request
-from scheduler_service.worker.profiling import Outcome, Profiler
+from scheduler_service.worker.profiling import ProfileOutcome, Profiler
 
 NOW = 1_800_000_000.0
 
@@ -29,7 +29,7 @@ class Profiling:
         self.loop = ControlLoop(topology, LoopSettings(policy="elasticflow", interval_s=2.0))
         self.profiler = Profiler(measure, device="cpu", timeout_s=timeout_s)
 
-    def poll(self, now: float) -> list[Outcome]:
+    def poll(self, now: float) -> list[ProfileOutcome]:
         outcomes, reservations = self.profiler.poll(now, self.loop, max_job_gpus=2)
         for event in reservations:
             self.loop.handle(event, now)

@@ -179,10 +179,12 @@ def _progress(job: JobView) -> str:
     return f"{percent:.0f}%"
 
 
-def _order(job: JobView) -> tuple[int, datetime, str]:
-    """Earliest deadline first, best-effort jobs after every deadline job."""
+def _order(job: JobView) -> tuple[bool, bool, datetime, str]:
+    """Active jobs before ended ones (the one active run was row 11 of 13);
+    in each, earliest deadline first, best-effort jobs after every deadline job."""
     far = datetime.max.replace(tzinfo=timezone.utc)
-    return (job.deadline is None, far if job.deadline is None else _utc(job.deadline), job.name)
+    ended = job.status in _FINISHED or job.status in _ENDED_SHORT
+    return (ended, job.deadline is None, far if job.deadline is None else _utc(job.deadline), job.name)
 
 
 def _holders(snapshot: ClusterSnapshot) -> dict[int, list[str]]:

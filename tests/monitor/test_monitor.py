@@ -119,6 +119,19 @@ def test_jobs_are_listed_earliest_deadline_first_with_best_effort_last_and_their
     assert rows[0][1] == "**late** · waiting"  # the marker stays near the left
 
 
+def test_active_jobs_come_before_ended_ones_whatever_their_deadlines() -> None:
+    """Issue 46: finished runs came first, and the one active run was row 11 of 13."""
+    view = snapshot(
+        job("done", status="finished", deadline=s(100), projected_finish=s(90), iterations_done=10,
+            iterations_total=10),
+        job("cancelled", status="cancelled", deadline=s(150)),
+        job("live", share=1, gpus=[0], deadline=s(3600), projected_finish=s(600)),
+        job("best", share=None, gpus=[1]),
+    )
+    rows = table_rows(cluster_markdown(view), "job")
+    assert [row[0].split()[0] for row in rows] == ["live", "best", "done", "cancelled"]
+
+
 def test_gpu_map_shows_each_node_and_the_holder_of_each_gpu() -> None:
     view = snapshot(job("fox", gpus=[0, 1]), job("owl", gpus=[3]), nodes=("a", "b"), per_node=2)
     rows = table_rows(gpu_map_markdown(view), "node")

@@ -330,3 +330,17 @@ def test_a_run_that_reported_its_last_iteration_is_neither_parked_nor_told_its_g
     assert not [a for a in actions if a.run_id == "b" and isinstance(a, (Park, Rescale, GuaranteeLost))], actions
     d.handle(Ended("b"), end + 0.5)
     assert "a" in d.new(d.step(T0 + 24), Rescale)  # its GPU goes to a once it ended
+
+
+def test_the_architecture_page_names_every_event_and_action_of_the_loop() -> None:
+    """Issue 42: docs/architecture.md lists every event and action, checked
+    against the code (the page once lacked `Started` and `StartsRecalled`)."""
+    import typing
+    from pathlib import Path
+
+    from scheduler_service.loop import actions, events
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    names = [t.__name__ for t in (*typing.get_args(actions.Action), *typing.get_args(events.Event))]
+    assert len(names) > 20
+    assert not [name for name in names if f"`{name}" not in page]

@@ -49,6 +49,63 @@ class DemoRun:
     submitted: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
+@dataclass(frozen=True)
+class RunEnd:
+    """One row of the demo's outcome table: how a run was decided and ended."""
+
+    role: str
+    admitted: bool
+    reason: str
+    share: int | None
+    gpu_sets: list[str]
+    state: str  # its final state's name, or "not finished"
+    end: datetime | None
+    deadline: datetime | None
+    submitted: datetime
+
+    @property
+    def failed(self) -> bool:
+        return self.admitted and self.state != "Completed"
+
+    @property
+    def late(self) -> bool:
+        return (self.admitted and self.state == "Completed" and self.deadline is not None and self.end is not None
+                and self.end > self.deadline)
+
+    @property
+    def spare(self) -> float | None:
+        """The deadline minus the finish, over the run's window (negative: late)."""
+        if not self.admitted or self.state != "Completed" or self.deadline is None or self.end is None:
+            return None
+        return (self.deadline - self.end).total_seconds() / (self.deadline - self.submitted).total_seconds()
+
+    def cells(self) -> tuple[str, ...]:
+        """A rejected run never ran: no finish and nothing to spare ("margin -60%" once read as jargon)."""
+        if not self.admitted:
+            met = "-"
+        elif self.state != "Completed":
+            met = f"no ({self.state})"
+        elif self.late:
+            met = f"no, late by {(self.end - self.deadline).total_seconds():.0f} s"  # type: ignore[operator]
+        else:
+            met = "yes"
+        spare = self.spare
+        return (f"demo-{self.role}", "admitted" if self.admitted else f"rejected ({self.reason})",
+                "" if self.share is None else str(self.share), " -> ".join(self.gpu_sets) or "-",
+                "-" if not self.admitted else f"{self.end:%H:%M:%S}" if self.end else self.state,
+                f"{self.deadline:%H:%M:%S}" if self.deadline else "-", met,
+                "-" if spare is None else f"{spare:.0%} of its window" if spare >= 0 else "none")
+
+
+def outcome_table(ends: list[RunEnd]) -> Table:
+    table = Table(title="outcomes")
+    for column in ("run", "decision", "MSS", "GPU sets", "finished", "deadline", "met", "to spare"):
+        table.add_column(column, overflow="fold")  # piped, a cell cut to "19:46:…" said nothing
+    for end in ends:
+        table.add_row(*end.cells())
+    return table
+
+
 @dataclass
 class Demo:
     console: Console
@@ -134,44 +191,28 @@ class Demo:
         from scheduler_service.worker.store import ServiceStore
 
         store = ServiceStore()
-        table = Table(title="outcomes")
-        for column in ("run", "decision", "MSS", "GPU sets", "finished", "deadline", "met", "margin"):
-            table.add_column(column)
-        ok, late, margins = True, False, []
+        ends = []
         for run in self.runs:
             flow_run = self.final(run)
             decisions = store.decisions(run.flow_run_id)
             decision = decisions[-1] if decisions else None
-            admitted = bool(decision and decision.admitted)
-            sets = [r.gpus for r in store.allocations(run.flow_run_id) if r.action in ("launch", "rescale")]
-            end = flow_run.end_time if flow_run is not None else None
-            state = flow_run.state.name if flow_run is not None else "not finished"
-            if not admitted:
-                met = "-"
-            elif state != "Completed":
-                met, ok = f"no ({state})", False
-            elif run.deadline is not None and end is not None and end > run.deadline:
-                met, late = f"no, late by {(end - run.deadline).total_seconds():.0f} s", True
-            else:
-                met = "yes"
-            reason = decision.reason if decision and decision.reason else ""
-            margin = ""
-            if admitted and run.deadline is not None and end is not None and state == "Completed":
-                # deadline minus finish, over the run's window: how much room it had left
-                share = (run.deadline - end).total_seconds() / (run.deadline - run.submitted).total_seconds()
-                margins.append(share)
-                margin = f"{share:.0%}"
-            table.add_row(
-                f"demo-{run.role}", "admitted" if admitted else f"rejected ({reason})",
-                "" if decision is None or decision.share is None else str(decision.share),
-                " -> ".join(sets) or "-", f"{end:%H:%M:%S}" if end else state,
-                f"{run.deadline:%H:%M:%S}" if run.deadline else "-", met, margin,
-            )
+            ends.append(RunEnd(
+                role=run.role, admitted=bool(decision and decision.admitted),
+                reason=decision.reason if decision and decision.reason else "",
+                share=decision.share if decision is not None else None,
+                gpu_sets=[r.gpus for r in store.allocations(run.flow_run_id) if r.action in ("launch", "rescale")],
+                state=flow_run.state.name if flow_run is not None else "not finished",
+                end=flow_run.end_time if flow_run is not None else None,
+                deadline=run.deadline, submitted=run.submitted))
+        table = outcome_table(ends)
+        ok = not any(end.failed for end in ends)
+        late = any(end.late for end in ends)
+        margins = [end.spare for end in ends if end.spare is not None]
         # Piped, rich would draw it 80 columns wide and cut every cell; a log has no width.
         self.console.print(table, width=None if self.console.is_terminal else 160)
         log = self.home / "logs" / "worker.log"
         alerts = log.read_text(errors="replace").count("deadline at-risk:") if log.exists() else 0
-        self.say(f"smallest margin of an admitted run: {min(margins):.1%} of its window; at-risk alerts: {alerts}"
+        self.say(f"least time to spare of an admitted run: {min(margins):.1%} of its window; at-risk alerts: {alerts}"
                  if margins else f"no admitted run finished; at-risk alerts: {alerts}")
         if late:
             self.say(

@@ -95,6 +95,31 @@ class ForkedWorker:
 
 
 Worker = Union[subprocess.Popen[bytes], ForkedWorker]
+EARLY_LOG_PREFIX = "elasticflow-standby-"
+
+
+def sweep_early_logs(directory: str | None = None) -> int:
+    """Remove the early logs of standbys whose flow process is gone: a flow
+    process killed with its standbys alive leaves them (45 empty files in
+    /tmp after a day of tests). Each name carries its flow process's pid;
+    only files of this user, whose process no longer exists, are removed.
+    Returns how many."""
+    folder = Path(directory or tempfile.gettempdir())
+    removed = 0
+    for path in folder.glob(f"{EARLY_LOG_PREFIX}*-*.log"):
+        owner = path.name[len(EARLY_LOG_PREFIX):].split("-", 1)[0]
+        if not owner.isdigit() or int(owner) == os.getpid():
+            continue
+        try:
+            if path.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(owner), 0)
+        except ProcessLookupError:  # its flow process is gone
+            path.unlink(missing_ok=True)
+            removed += 1
+        except OSError:  # not ours to judge (another user's process), or already gone
+            continue
+    return removed
 
 
 class WorkerPool:
@@ -103,15 +128,18 @@ class WorkerPool:
     def __init__(self) -> None:
         self._standby: list[Worker] = []
         self._lock = threading.Lock()
+        self._swept = False
 
-    @staticmethod
-    def _spawn() -> subprocess.Popen[bytes]:
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        if not self._swept:  # what flow processes killed before they could clean up left
+            self._swept = True
+            sweep_early_logs()
         env = rank_env(dict(os.environ))
         env["OMP_NUM_THREADS"] = "1"  # read once at process start by the OpenMP runtime
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
         # What it says before it has a segment's log, kept for a crash report;
         # removed by the standby itself once handed a segment or told to go.
-        fd, log = tempfile.mkstemp(prefix="elasticflow-standby-", suffix=".log")
+        fd, log = tempfile.mkstemp(prefix=f"{EARLY_LOG_PREFIX}{os.getpid()}-", suffix=".log")
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "flows.training.rank", "--standby", log],

@@ -13,13 +13,8 @@ Per step: the pure policy is asked at once when runs arrived (a user waits
 for the answer) and once per slot for everyone, with every run's status
 (remaining iterations, GPUs, restart still being paid); then its placement
 becomes commands (actuation.py), and runs whose outlook flipped are said to
-be at risk or recovered.
-
-Over 400 lines since issue 42 added what runs' speeds teach it: a model's
-lasting gap (speed_seen.py) and the margin from the errors left over
-(speed_errors.py, taken against the corrected curve, so nothing is counted
-twice). Both learn from the same observations and belong in one
-collaborator; once they are one, the loop is back under the line.
+be at risk or recovered (risk.py). What a run is told of its decision is
+verdicts.py's.
 """
 
 from __future__ import annotations
@@ -29,17 +24,15 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from scheduler_service.contracts import RejectionReason, RunPhase
+from scheduler_service.contracts import RunPhase
 from scheduler_service.loop.actions import (
     Action,
-    Admitted,
     GpusLost,
     ProfileNeeded,
     GuaranteeLost,
     Rejected,
     GpusFreed,
     HoldsNoGpus,
-    RiskChanged,
     Started,
     StartedSlowly,
     Stop,
@@ -60,23 +53,17 @@ from scheduler_service.loop.events import (
     StartsRecalled,
     Unreserved,
 )
+from scheduler_service.loop.risk import RiskRule
 from scheduler_service.loop.run import LoopRun, RunFacts
 from scheduler_service.loop.speed_seen import SpeedSeen
 from scheduler_service.loop.speed_errors import MarginRule, SpeedErrors
 from scheduler_service.loop.start_cost import StartCost
-from scheduler_service.policy import Decision, Job, SchedulingPolicy, SchedulingRequest, make_policy
+from scheduler_service.loop.verdicts import admitted, rejected, short_of_measurement
+from scheduler_service.policy import Job, SchedulingPolicy, SchedulingRequest, make_policy
 from scheduler_service.policy.overhead import RestartOverhead
 from scheduler_service.policy.teams import Team, TeamsPolicy, TeamUse
 from scheduler_service.policy.topology import AnyTopology, MixedTopology, kind_of
 from scheduler_service.policy.registry import DEFAULT_POLICY
-
-# Hysteresis: at risk when the projection comes within the margin of the
-# deadline, recovered only once it is back beyond RECOVER_FACTOR margins,
-# and either only once the projection has stayed there RISK_HOLD_S (as long
-# as a rate needs to be measured: loop/run.py RATE_MIN_SPAN_S).
-RECOVER_FACTOR = 1.5
-RISK_HOLD_S = 30.0
-
 
 class LoopSettings(BaseModel):
     """What the loop decides with, read once: the service's settings, or the
@@ -129,7 +116,7 @@ class ControlLoop:
         self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
         self.speed_seen = SpeedSeen()  # each model's lasting gap from its profile, for its next runs
         self.speed_errors = SpeedErrors(settings.margin_rule, settings.safety_margin)
-        self.at_risk_s = max(settings.interval_s, settings.at_risk_s)
+        self.risk = RiskRule(max(settings.interval_s, settings.at_risk_s), settings.interval_s, settings.defend)
         self.runs: dict[str, LoopRun] = {}  # decided, until they end
         self.arrivals: list[LoopRun] = []  # to be decided by the next plan
         self.gone: list[str] = []  # ended or stopped since the last plan: the policy forgets them then
@@ -289,7 +276,7 @@ class ControlLoop:
             # best-effort, before anything moves onto them (it gives them up by its own acknowledgement).
             actions += self._plan(now)
         actions += actuate(list(self.runs.values()), self._reserved_gpus(), self.start_cost.charge, now)
-        actions += self._risk_changes(now)
+        actions += self.risk.changes(self.runs.values(), self.topology.max_job_gpus, self.start_cost, now)
         return actions
 
     def _due(self, now: float) -> bool:
@@ -339,16 +326,16 @@ class ControlLoop:
             if decision is not None and decision.admitted:
                 run.admit(decision.share)
                 self.runs[run.run_id] = run
-                actions.append(self._admitted(run, decision, reply.allocation.get(run.run_id, 0), seconds))
+                actions.append(admitted(run, decision, reply.allocation.get(run.run_id, 0), seconds))
             elif run.adopted:  # next slot, as best-effort
                 if run.job.deadline is not None:
                     actions.append(GuaranteeLost(run.run_id))
                 run.demote()
                 self.arrivals.append(run)
-            elif decision is not None and self._short_of_measurement(run, decision):
+            elif decision is not None and short_of_measurement(run, decision):
                 actions.append(ProfileNeeded(run.run_id, run.measured_up_to))  # type: ignore[arg-type]
             elif decision is not None:
-                actions.append(self._rejected(run, decision, now, seconds))
+                actions.append(rejected(run, decision, now, seconds, self.start_cost.startup_s()))
         for run_id, run in self.runs.items():
             gpus = reply.placement.gpus(run_id) if reply.allocation.get(run_id, 0) else ()
             if gpus:
@@ -359,94 +346,6 @@ class ControlLoop:
                 self.runs[run_id].planned(finish)
         self.wake_at = reply.wake_at
         return actions
-
-    @staticmethod
-    def _short_of_measurement(run: LoopRun, decision: Decision) -> bool:
-        """Whether the policy refused the run only for GPU counts its partial
-        curve never measured: a busy moment at profiling is not the model's
-        limit, so it is measured on more GPUs rather than refused (issue 42:
-        every resnet run after one profiled beside a busy slot was refused
-        as "even the whole cluster at 1 GPUs cannot finish")."""
-        return run.measured_up_to is not None and decision.reason in (RejectionReason.INFEASIBLE_ALONE,
-                                                             RejectionReason.NO_USABLE_GPU_COUNT)
-
-    @staticmethod
-    def _admitted(run: LoopRun, decision: Decision, gpus_now: int, seconds: float) -> Admitted:
-        return Admitted(run.run_id, decision.guaranteed, decision.share, decision.message,
-                        decision.guaranteed_finish, gpus_now, seconds, replanned=run.adopted)
-
-    def _rejected(self, run: LoopRun, decision: Decision, now: float, seconds: float) -> Rejected:
-        """The policy's rejection on the user's clock, saying what actually
-        failed: a deadline the work alone would meet but a start here (and
-        the room kept for safety) would not has its own reason, whether the
-        policy saw the plan deadline passed or too close for any plan; an
-        infeasible run is told which GPU counts it can use."""
-        reason = decision.reason or RejectionReason.REJECTED
-        message = decision.message
-        startup = self.start_cost.startup_s()
-        work_s = self._work_alone_s(run)
-        if reason in (RejectionReason.DEADLINE_PASSED, RejectionReason.INFEASIBLE_ALONE) \
-                and run.deadline is not None and work_s is not None and now + work_s <= run.deadline:
-            reason = RejectionReason.SOONER_THAN_START_UP
-            message = (f"the deadline is {run.deadline - now:.0f} s away and its {run.job.iterations:.0f} iterations "
-                       f"take about {work_s:.1f} s, but a run takes about {startup:.0f} s to start here (launch to "
-                       f"first iteration, as measured), and {run.margin.of(run.deadline - run.taken_in_at):.0f} s "
-                       "more are kept for safety")
-        elif reason in (RejectionReason.INFEASIBLE_ALONE, RejectionReason.NO_USABLE_GPU_COUNT):
-            levels = run.job.curve.levels if run.job.curve.speed(1) > 1e-6 else ()
-            usable = ", ".join(map(str, levels)) or "none"
-            message += (f" (usable GPU counts at global batch {run.job.batch_size}: {usable}; a run uses no more "
-                        "GPUs than samples in its global batch, and only counts where its measured speed grows)")
-        elif run.deadline is not None and startup:
-            message += f" (a run takes about {startup:.0f} s to start here)"
-        earliest = decision.earliest_feasible_deadline
-        return Rejected(run.run_id, reason, message, None if earliest is None else run.to_user_time(earliest),
-                        seconds)
-
-    @staticmethod
-    def _work_alone_s(run: LoopRun) -> float | None:
-        """Seconds its iterations take at its widest measured count, with no start: None if it has no speed."""
-        curve = run.job.curve
-        levels = curve.levels
-        speed = curve.speed(levels[-1]) if levels else 0.0
-        return run.job.iterations / speed if speed > 1e-9 else None
-
-    def _risk_changes(self, now: float) -> list[Action]:
-        """Running deadline runs whose outlook flipped since the last step:
-        the one at-risk rule of the service (the run page, the cluster view,
-        `elasticflow status` and the events read the flag it sets). A run's
-        outlook moves with what it reports (the worker reads every run at
-        every poll), so only runs with news are assessed."""
-        changes: list[Action] = []
-        for run in self.runs.values():
-            if run.phase != RunPhase.RUNNING or not run.news:
-                continue
-            run.assessed()
-            finish = run.projected_finish(now)  # samples its rate, for every running run
-            if run.deadline is None:
-                continue
-            if self.settings.defend and run.share is not None and not run.guarantee_lost:
-                changes += self._lost(run, finish, now)
-            margin = run.risk_margin(self.at_risk_s, self.settings.interval_s)
-            risky = finish is not None and finish > run.deadline - margin
-            safe = finish is None or finish <= run.deadline - margin * RECOVER_FACTOR
-            if run.weigh_risk(risky, safe, now, RISK_HOLD_S):
-                changes.append(RiskChanged(run.run_id, run.at_risk, finish, run.deadline))
-        return changes
-
-    def _lost(self, run: LoopRun, finish: float | None, now: float) -> list[Action]:
-        """A guaranteed run that can no longer make its deadline, even on the
-        widest set it may have at the speed it shows, is told so now, with
-        its projected finish, not when the deadline passes."""
-        widest = self.topology.max_job_gpus
-        levels = run.job.curve.capped(widest)
-        on_widest = bool(levels) and len(run.commanded) == levels[-1]
-        start_s = 0.0 if on_widest or not levels else self.start_cost.charge(levels[-1], False)
-        best = run.cannot_make_it(now, widest, start_s)
-        if best is None:
-            return []
-        run.lose_guarantee()
-        return [GuaranteeLost(run.run_id, max(best, finish or best))]
 
     # -- views -------------------------------------------------------------------
     def _reserved_gpus(self) -> set[int]:
@@ -475,7 +374,7 @@ class ControlLoop:
         run = self._find(run_id)
         if run is None:
             return None
-        return run.view(run.projected_finish(now), run.risk_margin(self.at_risk_s, self.settings.interval_s))
+        return run.view(run.projected_finish(now), self.risk.margin_of(run))
 
     def views(self, now: float) -> list[RunFacts]:
         """Every run the loop knows, decided or not."""

@@ -98,7 +98,7 @@ class ElasticFlowWorker(ProcessWorker):
                                                           settings.profile_timeout_s, lambda: self.cluster,
                                                           settings.ray_address),
                                  self.cluster.device, settings.profile_timeout_s)
-        self.view = ClusterView(self.cluster, margin_s=self.loop.at_risk_s)
+        self.view = ClusterView(self.cluster, margin_s=self.loop.risk.at_risk_s)
         self.reporter: Reporter = None  # type: ignore[assignment]  # these talk to Prefect: made in setup
         self.executor: Executor = None  # type: ignore[assignment]
         self.watch: PrefectWatch = None  # type: ignore[assignment]

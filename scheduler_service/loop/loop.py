@@ -55,8 +55,7 @@ from scheduler_service.loop.events import (
 )
 from scheduler_service.loop.risk import RiskRule
 from scheduler_service.loop.run import LoopRun, RunFacts
-from scheduler_service.loop.speed_seen import SpeedSeen
-from scheduler_service.loop.speed_errors import MarginRule, SpeedErrors
+from scheduler_service.loop.speeds import MarginRule, Speeds
 from scheduler_service.loop.start_cost import StartCost
 from scheduler_service.loop.verdicts import admitted, rejected, short_of_measurement
 from scheduler_service.policy import Job, SchedulingPolicy, SchedulingRequest, make_policy
@@ -82,7 +81,7 @@ class LoopSettings(BaseModel):
     safety_margin: float = 0.05  # fraction of a run's window kept in front of its deadline (at least a slot)
     at_risk_s: float = 60.0  # a deadline is at risk when the projection comes this close (at least a slot)
     teams: tuple[Team, ...] = ()  # teams sharing the cluster, each with its guaranteed share (policy/teams.py)
-    # Its defenses against a cluster slower or faster than the profiles (speed_errors.py): runs planned at the
+    # Its defenses against a cluster slower or faster than the profiles (speeds.py): runs planned at the
     # speed they show, a margin learnt from the speed errors seen (`safety_margin` until enough are), a run
     # told at once that its guarantee is lost. Off: the loop as it was, the baseline of bench/noise.py.
     defend: bool = True
@@ -114,8 +113,7 @@ class ControlLoop:
         self.policy = self._policy_for(topology)
         self.start_cost = StartCost(settings.charged, settings.launch_s, settings.charged.in_place)
         self.margin = SafetyMargin(settings.safety_margin, floor_s=settings.interval_s)
-        self.speed_seen = SpeedSeen()  # each model's lasting gap from its profile, for its next runs
-        self.speed_errors = SpeedErrors(settings.margin_rule, settings.safety_margin)
+        self.speeds = Speeds(settings.margin_rule, settings.safety_margin)  # what runs' speeds teach
         self.risk = RiskRule(max(settings.interval_s, settings.at_risk_s), settings.interval_s, settings.defend)
         self.runs: dict[str, LoopRun] = {}  # decided, until they end
         self.arrivals: list[LoopRun] = []  # to be decided by the next plan
@@ -147,7 +145,7 @@ class ControlLoop:
         """Take in what happened; the actions due at once (a release, a stop)."""
         match event:
             case Arrived():
-                self.arrivals.append(LoopRun(event.run_id, self.speed_seen.applied(event.job), event.at,
+                self.arrivals.append(LoopRun(event.run_id, self.speeds.applied(event.job), event.at,
                                              self.start_cost.reserve(), self._margin_for(event.job),
                                              event.measured_up_to, profiled_as=event.job))
             case Adopted():
@@ -182,7 +180,7 @@ class ControlLoop:
         far runs of its model on its kind strayed from their profiles."""
         if not self.settings.defend:
             return self.margin
-        return SafetyMargin(self.speed_errors.margin(job.model, job.kind), floor_s=self.settings.interval_s)
+        return SafetyMargin(self.speeds.margin(job), floor_s=self.settings.interval_s)
 
     def _adopt(self, event: Adopted) -> list[Action]:
         """A run an earlier life of the service admitted: running (it is
@@ -238,7 +236,7 @@ class ControlLoop:
         launched = run.phase == RunPhase.RUNNING
         if not run.stopping:
             self.gone.append(run_id)
-        self.speed_seen.forget(run_id)
+        self.speeds.forget(run_id)
         run.finish()
         return [GpusFreed(run_id, launched, run.iteration, run.job.iterations)]
 
@@ -297,10 +295,7 @@ class ControlLoop:
         interval = self.settings.interval_s
         moved = [run for run in self.runs.values() if run.observe()]  # each run's speed, once a slot
         for run in self.runs.values():
-            if run.phase == RunPhase.RUNNING and len(run.reported_gpus) == len(run.commanded):
-                self.speed_seen.observe(run.run_id, run.profiled_as, len(run.commanded), run.reported_rate)
-            if run.measured_ratio is not None:
-                self.speed_errors.seen(run.job.model, run.job.kind, run.run_id, run.measured_ratio)
+            self.speeds.observe(run)
         return bool(self.gone or moved or (self.wake_at is not None and now >= self.wake_at - 1e-6)
                     or any(run.slipped(now, interval) or run.due_between(self.planned_at, now)
                            for run in self.runs.values()))

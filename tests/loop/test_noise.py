@@ -6,7 +6,7 @@ and admission keeps a margin learnt from the speed errors seen."""
 from __future__ import annotations
 
 from scheduler_service.loop.actions import GuaranteeLost
-from scheduler_service.loop.speed_errors import MarginRule, SpeedErrors
+from scheduler_service.loop.speeds import MarginRule, SpeedErrors
 from scheduler_service.policy import ThroughputCurve
 from tests.loop.driver import SETTINGS, T0, Cluster, Driver, job
 

@@ -15,11 +15,9 @@ however many workers there are (see `sampler`).
 A segment launched in place lives on across resizes (regroup.py): the same
 process pauses, forms the next round's group, and trains on.
 
-One module for the process and its `Worker`, over 400 lines: the signal
-flags (`_terminated`, `_stop_asked`, `_parent_pid`) that the process entry
-sets and the Worker reads are module state that `standby.py` (forks) and
-`ray_actor.py` (actors) reach by this module's name; splitting them off is
-its own change, with those two.
+What tells a rank to stop from outside is a `StopFlags` its process entry
+makes (here for a process rank, in `ray_actor.py` for a Ray one) and hands
+to its `Worker`.
 """
 
 from __future__ import annotations
@@ -46,27 +44,11 @@ from flows.training.regroup import Next, await_next, result_file, write_private
 from flows.training.sampler import batch_indices, micro_batches, shard_bounds
 from flows.training.saving import Saves, cpu_copy
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
+from flows.training.stop_flags import StopFlags
 from flows.training.supervision import PROGRESS_FILE, ProgressLine
 from flows.training.task import Task, make_deterministic, to_device
 
 log = logging.getLogger("elasticflow.worker")
-
-_terminated = False
-_stop_asked = False  # the launcher asked this rank to stop (ranks run as Ray actors read no control folder)
-_parent_pid: int | None = os.getppid()  # the flow process that launched this worker (None: a Ray actor)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    global _terminated
-    _terminated = True
-
-
-def _orphaned() -> bool:
-    """The flow process is gone (SIGKILLed: Prefect's hard kill of a cancelled
-    run reaches its PID only, not its workers). Stop and checkpoint at this
-    boundary instead of training on for nobody, on GPUs the scheduler has
-    given to someone else."""
-    return _parent_pid is not None and os.getppid() != _parent_pid
 
 
 class Worker:
@@ -74,8 +56,9 @@ class Worker:
     (regroup.py) keeps the process, its model and optimizer, and forms a new
     process group for the next round."""
 
-    def __init__(self, spec: SegmentSpec, segment_dir: Path, order: RankOrder, round_: int = 0) -> None:
-        self.spec, self.dir, self.order, self.round = spec, segment_dir, order, round_
+    def __init__(self, spec: SegmentSpec, segment_dir: Path, order: RankOrder, flags: StopFlags,
+                 round_: int = 0) -> None:
+        self.spec, self.dir, self.order, self.round, self.flags = spec, segment_dir, order, round_, flags
         self.rank, self.world = order.rank, order.world_size
         self.timings = SegmentTimings(launch_t=order.launch_t, imported_t=time.time())
         self.storage = CheckpointStorage(spec.checkpoint_url, keep=spec.keep_checkpoints)
@@ -200,7 +183,7 @@ class Worker:
         rank acts alike: one that did not get the word (asked to stop,
         orphaned, told nothing in time) makes them all save."""
         self.settled()  # a rank 0 that leaves takes no half-written save along
-        word = await_next(self.dir, self.round, go_on=lambda: not _terminated and not _orphaned())
+        word = await_next(self.dir, self.round, go_on=lambda: not self.flags.terminated and not self.flags.orphaned)
         regroup = torch.tensor([float(word is not None and word.action == "regroup")], device=self.device)
         dist.all_reduce(regroup, op=dist.ReduceOp.MIN)
         if regroup.item() < 1 or word is None:
@@ -244,7 +227,7 @@ class Worker:
         while True:
             saved, give_up = self.checkpoint_together()
             if saved:
-                return "terminated" if _terminated else "stopped"
+                return "terminated" if self.flags.terminated else "stopped"
             if give_up:
                 return "save_failed"
             time.sleep(min(self.saves.retry_s, 5.0))
@@ -323,7 +306,7 @@ class Worker:
             return False  # rank 0 speaks for the run: only it knows whether a save can be made
         if self.saves.error is not None and not self.saves.may_retry():
             return False
-        return _stop_asked or bool(self.control and self.control.pending(self.spec.applied_seq))
+        return self.flags.stop_asked or bool(self.control and self.control.pending(self.spec.applied_seq))
 
     def train(self) -> StopReason:
         """Train until done, stopped or terminated, and end on a checkpoint.
@@ -365,7 +348,7 @@ class Worker:
             # (read the other way round, it passed for a plain stop, and a
             # preempted run ended "stopped").
             stop = self.stop_requested()
-            terminate = _terminated or _orphaned()
+            terminate = self.flags.terminated or self.flags.orphaned
             flags = torch.tensor([local, float(stop or terminate), float(terminate), float(self.saves.exhausted)],
                                  dtype=torch.float64, device=self.device)
             dist.all_reduce(flags)
@@ -414,15 +397,15 @@ class Worker:
         write_private(self.dir / result_file(self.round), result.model_dump_json())
 
 
-def main(order: StandbyOrder) -> NoReturn:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+def main(order: StandbyOrder, flags: StopFlags) -> NoReturn:
+    signal.signal(signal.SIGTERM, flags.on_sigterm)
     os.umask(0o077)  # checkpoints, logs, progress: private, whoever started this rank
     rank = order.order.rank
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
                         force=True)  # a worker forked from a flow process inherits its handlers
     folder = Path(order.segment_dir)
     spec = SegmentSpec.model_validate_json((folder / order.spec_file).read_text())
-    worker = Worker(spec, folder, order.order, order.round)
+    worker = Worker(spec, folder, order.order, flags, order.round)
     worker.start(order.joins)
     if not worker.rounds():
         _exit(0)  # it left at a resize in place: its group is gone already
@@ -434,7 +417,7 @@ def main(order: StandbyOrder) -> NoReturn:
     _exit(0)
 
 
-def standby(early_log: str | None = None) -> int:
+def standby(flags: StopFlags, early_log: str | None = None) -> int:
     """Wait, with torch already imported, for the launcher to hand over a segment.
 
     The launcher writes one JSON line on stdin, a `StandbyOrder`: the segment
@@ -463,16 +446,13 @@ def standby(early_log: str | None = None) -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    return main(order)
+    return main(order, flags)
 
 
-def run_standby(forked: bool = False, early_log: str | None = None) -> None:
-    """Be a standby until handed a segment, run it, exit. `forked`: this process
-    was forked from its launcher (`WorkerPool.fork`), which is now its parent."""
-    global _parent_pid
-    if forked:
-        _parent_pid = os.getppid()
-    _exit(standby(early_log))
+def run_standby(early_log: str | None = None) -> None:
+    """Be a standby until handed a segment, run it, exit. Its launcher (the
+    flow process that started or forked it) is its parent now."""
+    _exit(standby(StopFlags.of_this_process(), early_log))
 
 
 def _exit(code: int) -> NoReturn:

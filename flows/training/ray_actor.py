@@ -30,6 +30,7 @@ import ray  # noqa: E402
 from flows.training.orders import RankOrder, free_port  # noqa: E402
 from flows.training.regroup import result_file, spec_file, write_private  # noqa: E402
 from flows.training.segment import SegmentSpec  # noqa: E402
+from flows.training.stop_flags import StopFlags  # noqa: E402
 from flows.training.supervision import ProgressLine, read_progress  # noqa: E402
 
 
@@ -65,6 +66,8 @@ class RankActor:
         self.worker: Any = None  # flows.training.rank.Worker, once the segment started
         self.lock = threading.Lock()  # `stop` and the training thread, on the stop flag
         self.stop_seq = 0  # the newest command a stop was asked for
+        # Its parent is its node's raylet: Ray ends it with its owner, the flow process.
+        self.flags = StopFlags(parent_pid=None)
 
     def where(self) -> dict[str, Any]:
         ip = ray.util.get_node_ip_address()
@@ -84,7 +87,6 @@ class RankActor:
         from flows.training import rank as rank_mod
 
         os.environ.update(order.env())
-        rank_mod._parent_pid = None  # its parent is its node's raylet; Ray ends it with its owner, the flow process
         self.dir = Path(tempfile.mkdtemp(prefix="elasticflow-rank-"))
         handler = logging.FileHandler(self.dir / "rank.log")
         handler.setFormatter(logging.Formatter(f"%(asctime)s rank={order.rank} %(name)s %(levelname)s %(message)s"))
@@ -95,7 +97,7 @@ class RankActor:
             raise MisplacedRank(f"rank {order.rank} sees {torch.cuda.device_count()} CUDA devices, not GPU "
                                  f"{order.device_index} alone")
         write_private(self.dir / spec_file(round_), spec_json)
-        worker = self.worker = rank_mod.Worker(spec, self.dir, order, round_)
+        worker = self.worker = rank_mod.Worker(spec, self.dir, order, self.flags, round_)
         worker.start(joins)
         if not worker.rounds(lambda: self._stopped_for(worker.spec.applied_seq)):
             return ""  # it left at a resize in place: the coordinator ends this actor
@@ -124,23 +126,19 @@ class RankActor:
         command `seq`, or the run's end. One that comes late, for a command
         the rank's round already applies (it was resized in place for it),
         is dropped."""
-        from flows.training import rank as rank_mod
-
         if terminate:
-            rank_mod._terminated = True
+            self.flags.terminate()
             return
         with self.lock:
             self.stop_seq = max(self.stop_seq, seq)
             if self.worker is None or seq > self.worker.spec.applied_seq:
-                rank_mod._stop_asked = True
+                self.flags.ask_stop()
 
     def _stopped_for(self, applied_seq: int) -> None:
         """A new round applies the commands up to `applied_seq`: a stop asked
         meanwhile stands only if it is for a later one."""
-        from flows.training import rank as rank_mod
-
         with self.lock:
-            rank_mod._stop_asked = self.stop_seq > applied_seq
+            self.flags.ask_stop(self.stop_seq > applied_seq)
 
     def cleanup(self) -> None:
         """The segment ended well: its folder (spec, progress, log) is not needed."""

@@ -197,7 +197,7 @@ class WorkerPool:
                         allowed = rank_env(dict(os.environ))  # what a spawned standby would have had
                         os.environ.clear()
                         os.environ.update(allowed)
-                        rank.run_standby(forked=True)
+                        rank.run_standby()
                     finally:
                         os._exit(1)  # never back into the flow process's code
                 os.close(read)

@@ -1,9 +1,8 @@
-"""One DDP worker process: restore, train until told or done, checkpoint, exit.
+"""One DDP rank's `Worker`: restore, train until told or done, checkpoint.
 
-Started as a standby (`python -m flows.training.rank --standby [EARLY_LOG]`,
-see `flows.training.standby`): it imports torch, then reads its order on
-stdin (`orders.StandbyOrder`: the segment's folder, its log, its rank's
-`RankOrder`). A Ray rank actor runs the same `Worker` with its order.
+A process rank runs it from `rank_main.py` (a standby that imports torch,
+then reads its order on stdin); a Ray rank actor runs the same `Worker`
+with its order (`ray_actor.py`).
 Rank 0 polls the control channel; any rank
 that gets SIGTERM asks to stop. Both are folded into one all-reduce per
 iteration, together with the loss, so every rank stops at the same boundary.
@@ -24,13 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Literal, NoReturn
+from typing import Any, Callable, Literal
 
 import torch
 import torch.distributed as dist
@@ -38,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
 from flows.training.control import FileControlChannel
-from flows.training.orders import RankOrder, StandbyOrder
+from flows.training.orders import RankOrder
 from flows.training.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
 from flows.training.regroup import Next, await_next, result_file, write_private
 from flows.training.sampler import batch_indices, micro_batches, shard_bounds
@@ -395,76 +391,3 @@ class Worker:
             deterministic=torch.are_deterministic_algorithms_enabled(),
         )
         write_private(self.dir / result_file(self.round), result.model_dump_json())
-
-
-def main(order: StandbyOrder, flags: StopFlags) -> NoReturn:
-    signal.signal(signal.SIGTERM, flags.on_sigterm)
-    os.umask(0o077)  # checkpoints, logs, progress: private, whoever started this rank
-    rank = order.order.rank
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
-                        force=True)  # a worker forked from a flow process inherits its handlers
-    folder = Path(order.segment_dir)
-    spec = SegmentSpec.model_validate_json((folder / order.spec_file).read_text())
-    worker = Worker(spec, folder, order.order, flags, order.round)
-    worker.start(order.joins)
-    if not worker.rounds():
-        _exit(0)  # it left at a resize in place: its group is gone already
-    dist.barrier()
-    dist.destroy_process_group()
-    # Exit from here: returning would free `worker` (its DDP model and reducer),
-    # whose process-group destructors can wait for ever on a peer that has
-    # already exited (seen about once in ten 2-worker segments with gloo).
-    _exit(0)
-
-
-def standby(flags: StopFlags, early_log: str | None = None) -> int:
-    """Wait, with torch already imported, for the launcher to hand over a segment.
-
-    The launcher writes one JSON line on stdin, a `StandbyOrder`: the segment
-    folder, the log file, and the rank's order, whose environment (rank,
-    rendezvous, CUDA_VISIBLE_DEVICES) is applied before anything touches
-    CUDA. EOF means the launcher is gone: exit quietly. `early_log` holds
-    what this process said before it had a segment (for a crash report); it
-    is removed once the segment's own log takes over.
-    """
-    import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
-
-    line = sys.stdin.readline()
-    if not line.strip():
-        if early_log:
-            with contextlib.suppress(OSError):
-                os.unlink(early_log)
-        return 0
-    order = StandbyOrder.model_validate_json(line)
-    os.environ.update(order.order.env())
-    if early_log:  # while it is still the launcher's to remove
-        with contextlib.suppress(OSError):
-            os.unlink(early_log)
-    if order.identity is not None:  # before the segment's files, the user's model or data are touched
-        order.identity.assume(Path(order.segment_dir))
-    fd = os.open(order.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    return main(order, flags)
-
-
-def run_standby(early_log: str | None = None) -> None:
-    """Be a standby until handed a segment, run it, exit. Its launcher (the
-    flow process that started or forked it) is its parent now."""
-    _exit(standby(StopFlags.of_this_process(), early_log))
-
-
-def _exit(code: int) -> NoReturn:
-    # Everything is on disk (checkpoint, result.json); skip interpreter teardown,
-    # which takes ~1 s with torch loaded and sits on the rescale path.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["--standby"]:
-        sys.exit("usage: python -m flows.training.rank --standby [EARLY_LOG] (started by flows.training.standby)")
-    run_standby(early_log=sys.argv[2] if len(sys.argv) > 2 else None)

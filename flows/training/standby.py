@@ -1,4 +1,4 @@
-"""Standby DDP worker processes: `python -m flows.training.rank --standby`
+"""Standby DDP worker processes: `python -m flows.training.rank_main --standby`
 processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
@@ -142,7 +142,7 @@ class WorkerPool:
         fd, log = tempfile.mkstemp(prefix=f"{EARLY_LOG_PREFIX}{os.getpid()}-", suffix=".log")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.training.rank", "--standby", log],
+                [sys.executable, "-m", "flows.training.rank_main", "--standby", log],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=fd,
@@ -173,9 +173,11 @@ class WorkerPool:
         """Add `count` standbys forked from this process: instant, as torch is
         already imported here. Only for a process that has started no thread
         and not touched CUDA (a fork server's child before its engine runs)."""
-        from flows.training import rank
+        import torch
 
-        if threading.active_count() > 1 or rank.torch.cuda.is_initialized():
+        from flows.training import rank_main
+
+        if threading.active_count() > 1 or torch.cuda.is_initialized():
             self.refill(count)  # not safe to fork here: start them as fresh interpreters
             return
         with self._lock:
@@ -197,7 +199,7 @@ class WorkerPool:
                         allowed = rank_env(dict(os.environ))  # what a spawned standby would have had
                         os.environ.clear()
                         os.environ.update(allowed)
-                        rank.run_standby()
+                        rank_main.run_standby()
                     finally:
                         os._exit(1)  # never back into the flow process's code
                 os.close(read)

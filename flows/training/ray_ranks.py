@@ -18,9 +18,8 @@ that checkpoint on others. Warm actors (torch imported, no device touched)
 wait per node in `ActorPool` (ray_pool.py), so neither pays for an
 interpreter and its imports.
 
-A little over 400 lines: `RaySegment` is one segment's life on its actors
-(start, progress, pause, regroup, release, crash), one state machine that
-reads best whole.
+Where ranks are on the live cluster (slots, seats, nodes lost) is
+ray_where.py's.
 """
 
 from __future__ import annotations
@@ -30,24 +29,18 @@ import socket
 import time
 from typing import Any
 
-from flows.training.ray_nodes import (
-    by_name,
-    connect,
-    loopback_before_import,
-    read_nodes,
-    slots_of,
-)
+from flows.training.ray_nodes import connect, loopback_before_import
 
 loopback_before_import()
 
 import ray  # noqa: E402
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
-from flows.training.orders import RankOrder, Seat, rank_orders  # noqa: E402
+from flows.training.orders import RankOrder, rank_orders  # noqa: E402
 from flows.training.regroup import Next, next_file, spec_file  # noqa: E402
-from flows.training.ray_actor import MisplacedRank, node_id_here  # noqa: E402
+from flows.training.ray_actor import MisplacedRank  # noqa: E402
 from flows.training.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
+from flows.training.ray_where import answers, lost, ray_seats, slots_for  # noqa: E402
 from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
 from flows.training.supervision import (  # noqa: E402
     HANDOVER_S,
@@ -73,38 +66,6 @@ def _remote_spec(spec: SegmentSpec) -> str:
     """The spec as the actors get it: they read no control folder (the
     coordinator forwards the scheduler's stop)."""
     return spec.model_copy(update={"control_dir": None}).model_dump_json()
-
-
-def live_nodes() -> list[dict[str, Any]]:
-    return list(ray.nodes())
-
-
-def slots_for(gpus: list[int]) -> list[GpuSlot]:
-    """GPU ids as slots on the live cluster, numbered by node name: for runs
-    given a fixed GPU plan (no scheduler); the service names slots itself."""
-    nodes, _ = read_nodes(live_nodes())
-    return slots_of(by_name(nodes), gpus)
-
-
-def lost(placement: list[GpuSlot]) -> list[str]:
-    """The names of the placement's nodes that are not up."""
-    up = {n["NodeID"] for n in live_nodes() if n.get("Alive")}
-    return sorted({slot.name for slot in placement if slot.node not in up})
-
-
-def ray_seats(placement: list[GpuSlot], where: list[dict[str, Any]]) -> list[Seat]:
-    """Each rank on the node its placement names, on the interface its actor reported there."""
-    return [Seat(node=slot.node, interface=w["interface"], device_index=slot.index)
-            for slot, w in zip(placement, where)]
-
-
-def _answers(node: str, timeout_s: float = 10.0) -> bool:
-    """Whether the node still runs work (a task pinned there comes back)."""
-    try:
-        ref = node_id_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-        return ray.get(ref, timeout=timeout_s) == node
-    except Exception:  # noqa: BLE001  # unschedulable, dead, or too slow: not a node to train on
-        return False
 
 
 class RaySegment:
@@ -407,7 +368,7 @@ class RayRanks:
         if segment is None:
             return []
         give_up = time.monotonic() + (verdict_s if segment.died else 0.0)
-        if segment.died and all(_answers(node) for node in {slot.node for slot in segment.placement}):
+        if segment.died and all(answers(node) for node in {slot.node for slot in segment.placement}):
             return []  # a rank's process died, not its node: restart where it was
         while True:
             gone = lost(segment.placement)

@@ -85,7 +85,7 @@ def test_resized_4_2_4_gives_the_losses_of_never_resizing(
 def test_a_node_lost_mid_run_continues_from_its_checkpoint_on_the_gpus_left(
         ray_cluster: Any, ray_address: str, make_params: Callable[..., TrainParameters],
         reference: list[float], tmp_path: Path) -> None:
-    from flows.training.ray_ranks import slots_for
+    from flows.training.ray_where import slots_for
 
     params = make_params(gpu_plan=[[0, 1, 2, 3]], iterations=300, checkpoint_interval=10)
     channel = FileControlChannel("node-lost", tmp_path / "control")

@@ -36,6 +36,16 @@ class Termination:
             self.previous = signal.signal(signal.SIGTERM, self._handle)
             self.installed = True
 
+    def watch(self, segment: RunningSegment | None) -> None:
+        """The segment a SIGTERM now stops (None between segments)."""
+        self.segment = segment
+
+    def give_up(self) -> None:
+        """The run is failing already: put the previous handler back, and
+        forward nothing (the failure goes on as it is)."""
+        self.received = False
+        self.restore_and_forward()
+
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = True
         if self.segment:

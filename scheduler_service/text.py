@@ -68,6 +68,17 @@ class OneLine(logging.Filter):
         return True
 
 
+def ranges(numbers: list[int]) -> str:
+    """Sorted GPU ids as a person reads them: 0,1,2,5 -> "0-2,5" ("" for none)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def one_line_logs(logger: logging.Logger) -> None:
     """Put `OneLine` on each handler of `logger` and its ancestors, once."""
     current: logging.Logger | None = logger

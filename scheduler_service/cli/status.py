@@ -15,6 +15,7 @@ import typer
 
 from scheduler_service.cli import app
 from scheduler_service.contracts import Outcome, RunPhase
+from scheduler_service.text import ranges
 from scheduler_service.readmodel import (
     PHASE_ORDER, GpuHolder, LeftOut, RunView, StatusReport, gpu_list, report,
 )
@@ -67,23 +68,12 @@ def _why(view: RunView, now: datetime) -> str:
     return text
 
 
-def _ranges(numbers: list[int]) -> str:
-    """0,1,2,5 -> "0-2,5"."""
-    spans: list[list[int]] = []
-    for n in numbers:
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "none"
-
-
 def _gpu_map(slots: list[GpuHolder]) -> list[str]:
     """A summary line, then one line per node holding a run: a 64-GPU map fits 80 columns."""
     busy = [s for s in slots if s.holder]
     free = [s.gpu for s in slots if not s.holder]  # "free: 0" was read as none free, not GPU 0
     lines = [f"GPUs: {len(busy)} of {len(slots)} busy; free: "
-             + (f"GPU{'s' if len(free) > 1 else ''} {_ranges(free)}" if free else "none")]
+             + (f"GPU{'s' if len(free) > 1 else ''} {ranges(free)}" if free else "none")]
     for node in dict.fromkeys(s.node for s in busy):
         held = " ".join(f"{s.gpu}:{s.holder or '-'}" for s in slots if s.node == node)
         lines.append(f"  {node}  {held}")

@@ -16,7 +16,7 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 from scheduler_service.markdown import markdown_table
-from scheduler_service.text import printable
+from scheduler_service.text import printable, ranges
 
 # The deadline-at-risk margin when none is given (the service passes its own,
 # ELASTICFLOW_AT_RISK_S): a projection within a minute of the deadline is one
@@ -172,6 +172,14 @@ def _when(moment: datetime | None, at: datetime, relative_too: bool = True) -> s
     return f"{clock} ({relative})"
 
 
+NAME_CHARS = 20  # of a run's name in the jobs table
+
+
+def short_name(name: str) -> str:
+    """A run's name as the jobs table shows it: at most NAME_CHARS characters."""
+    return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "…"
+
+
 def _progress(job: JobView) -> str:
     if job.iterations_total <= 0:
         return "-"
@@ -240,18 +248,22 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     # is not simply running; its id, model and iteration counts are on its own page.
     # "finish" is the projected finish (the legend says so): the longer header
     # alone decided its column's width, and a long run name then overflowed.
-    header = ["job", "outlook", "progress", "finish", "deadline", "MSS", "GPUs"]
+    # The UI draws cells without wrapping: at 1280 pixels a 20-character run name and "stopped ·
+    # cancelled" pushed the GPUs column off the edge. A name is cut at NAME_CHARS (its page has it
+    # whole), a run that ended short says only how, and GPUs are ranges.
+    header = ["job", "outlook", "done", "finish", "deadline", "MSS", "GPUs"]
     rows = []
     for job in sorted(snapshot.jobs, key=_order):
-        gpus = f"{len(job.gpus)} ({','.join(map(str, sorted(job.gpus)))})" if job.gpus else "0"
+        mark = _MARK[outlook(job, snapshot.at)]
         cells = [
-            _cell(job.name),
-            _MARK[outlook(job, snapshot.at)] + ("" if job.status in _PLAIN else f" · {_cell(job.status)}"),
+            _cell(short_name(job.name)),
+            _cell(job.status) if job.status in _ENDED_SHORT
+            else mark + ("" if job.status in _PLAIN else f" · {_cell(job.status)}"),
             _progress(job),
             _when(job.projected_finish, snapshot.at, relative_too=False),  # the outlook says how it stands
             _when(job.deadline, snapshot.at) if job.deadline is not None else "none",
             "-" if job.share is None else str(job.share),
-            gpus,
+            ranges(sorted(job.gpus)) or "-",
         ]
         rows.append(cells)
     return markdown_table(header, rows)

@@ -109,7 +109,7 @@ def test_jobs_are_listed_earliest_deadline_first_with_best_effort_last_and_their
     assert by_name["best"][1] == "best-effort · waiting"
     assert by_name["best"][5] == "-" and by_name["best"][4] == "none"
     assert by_name["relaxed"][5] == "1"  # MSS
-    assert by_name["relaxed"][6] == "2 (0,1)"  # GPUs held
+    assert by_name["relaxed"][6] == "0-1" and by_name["best"][6] == "-"  # GPUs held
     assert by_name["relaxed"][2] == "25%"
     assert by_name["tight"][2] == "33%"
     assert by_name["relaxed"][3] == "15:10:00"
@@ -130,6 +130,18 @@ def test_active_jobs_come_before_ended_ones_whatever_their_deadlines() -> None:
     )
     rows = table_rows(cluster_markdown(view), "job")
     assert [row[0].split()[0] for row in rows] == ["live", "best", "done", "cancelled"]
+
+
+def test_the_jobs_table_stays_narrow_for_a_long_name_and_a_run_that_ended_short() -> None:
+    """Issue 46: the UI draws cells without wrapping, and at 1280 pixels a
+    20-character name and "stopped · cancelled" pushed the GPUs column off the
+    edge (the browser test measures it): a long name is cut, an ended run
+    says only how it ended."""
+    view = snapshot(job("x" * 60, share=1, gpus=[0, 1], deadline=s(3600), projected_finish=s(600)),
+                    job("gone", status="cancelled", deadline=s(900)))
+    rows = {row[0]: row for row in table_rows(cluster_markdown(view), "job")}
+    assert "x" * 19 + "…" in rows and rows["x" * 19 + "…"][6] == "0-1"
+    assert rows["gone"][1] == "cancelled"
 
 
 def test_gpu_map_shows_each_node_and_the_holder_of_each_gpu() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler_service.worker.render import short_name
 from tests.service.conftest import Stack
 from tests.stack import state_names as _state_names
 
@@ -60,54 +61,59 @@ def test_an_admitted_run_takes_both_slots_and_a_second_arrival_shrinks_it_in_pla
     and through the service test_teams_stack.py and the Ray stack test.)"""
     # It cannot end before the second one's deadline however fast this machine trains, so the
     # second cannot wait for it; cancelled once that is seen, not trained to its end.
+    stack.wait_idle()  # alone: the run before this one may still hold a slot while its process ends
     first = stack.submit(iterations=20_000, deadline="+30m", checkpoint_interval=500)
-    status = stack.home / "control" / first / "status.json"
+    try:
+        status = stack.home / "control" / first / "status.json"
 
-    def iteration() -> int:
-        return json.loads(status.read_text()).get("iteration", 0) if status.exists() else 0
+        def iteration() -> int:
+            return json.loads(status.read_text()).get("iteration", 0) if status.exists() else 0
 
-    stack.wait_until(iteration, 150, "the first run to train")
-    assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots, where it was placed
-    # Whether this start was slow enough for the start-cost warning depends on the
-    # machine (a warm fork server starts a run in under the 2.5 s charged, a loaded
-    # one in several): tests/loop/test_start_cost.py checks the warning itself.
-    assert _allocations(stack, first)[0] == ("launch", "0,1")
-    run = stack.flow_run(first)
-    assert run.labels["elasticflow.mss"] == "1" and run.labels["elasticflow.world_size"] == "2"
-    (decision,) = stack.events(first, "elasticflow.decision")
-    assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1
+        stack.wait_until(iteration, 150, "the first run to train")
+        assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots, where it was placed
+        # Whether this start was slow enough for the start-cost warning depends on the
+        # machine (a warm fork server starts a run in under the 2.5 s charged, a loaded
+        # one in several): tests/loop/test_start_cost.py checks the warning itself.
+        assert _allocations(stack, first)[0] == ("launch", "0,1")
+        run = stack.flow_run(first)
+        assert run.labels["elasticflow.mss"] == "1" and run.labels["elasticflow.world_size"] == "2"
+        (decision,) = stack.events(first, "elasticflow.decision")
+        assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1
 
-    malformed = stack.submit(iterations=0, deadline="+10m")
-    # 34 s of work at the profiled rate, due in 120 s: room for a start and for training at
-    # half the profile (a loaded machine trains slower than it, and the loop learns so).
-    second = stack.submit(iterations=20 * 34, deadline="+120s", checkpoint_interval=500)
-    rejected = stack.wait_final(malformed, 60)
-    assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
-    assert rejected.state.message.startswith("invalid_parameters: iterations:")
+        malformed = stack.submit(iterations=0, deadline="+10m")
+        # 34 s of work at the profiled rate, due in 120 s: room for a start and for training at
+        # half the profile (a loaded machine trains slower than it, and the loop learns so).
+        second = stack.submit(iterations=20 * 34, deadline="+120s", checkpoint_interval=500)
+        rejected = stack.wait_final(malformed, 60)
+        assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
+        assert rejected.state.message.startswith("invalid_parameters: iterations:")
 
-    # A resize in place on a machine loaded far past its cores once took 71 s from the decision.
-    shrunk = stack.wait_until(lambda: _ack_gpus(stack, first) in ([0], [1]), 150, "the first run to shrink")
-    at_shrink = iteration()
-    second_run = stack.wait_final(second, 180)
-    assert second_run.state.is_completed(), second_run.state
-    second_launch = next(gpus for action, gpus in _allocations(stack, second) if action == "launch")
-    assert [int(second_launch)] != shrunk  # never on the slot the first one kept
-    assert "rescale" in [action for action, _ in _allocations(stack, first)]
-    stack.wait_until(lambda: iteration() > at_shrink, 60, "the first run to train on after its shrink")
-    stack.cancel(first)
-    assert stack.wait_final(first, 120).state.is_cancelled()
-    # The release is recorded when the flow process has exited, a moment after its run ends.
-    history = stack.wait_until(lambda: (h := stack.allocation_artifact(first)) and "| release |" in h and h, 30,
-                               "the release in the allocation history")
-    for action in ("admitted", "launch", "rescale", "release"):
-        assert f"| {action} |" in history
-    cluster = _cluster_artifact()
-    assert stack.flow_run(first).name in cluster and "data:image/png;base64," in cluster  # jobs and the plot
-    names = _state_names(first)
-    assert names[:2] == ["Scheduled", "Admitted"] and names[-1] == "Cancelled"
-    assert names.count("Pending") == 1  # one flow run throughout: the resize happened inside it
-    rescaling = names.index("Rescaling")  # shown while it checkpoints and moves, then back to Running
-    assert names[rescaling + 1] == "Running"
+        # A resize in place on a machine loaded far past its cores once took 71 s from the decision.
+        shrunk = stack.wait_until(lambda: _ack_gpus(stack, first) in ([0], [1]), 150, "the first run to shrink")
+        at_shrink = iteration()
+        second_run = stack.wait_final(second, 180)
+        assert second_run.state.is_completed(), second_run.state
+        second_launch = next(gpus for action, gpus in _allocations(stack, second) if action == "launch")
+        assert [int(second_launch)] != shrunk  # never on the slot the first one kept
+        assert "rescale" in [action for action, _ in _allocations(stack, first)]
+        stack.wait_until(lambda: iteration() > at_shrink, 60, "the first run to train on after its shrink")
+        stack.cancel(first)
+        assert stack.wait_final(first, 120).state.is_cancelled()
+        # The release is recorded when the flow process has exited, a moment after its run ends.
+        history = stack.wait_until(lambda: (h := stack.allocation_artifact(first)) and "| release |" in h and h, 30,
+                                   "the release in the allocation history")
+        for action in ("admitted", "launch", "rescale", "release"):
+            assert f"| {action} |" in history
+        cluster = _cluster_artifact()
+        assert short_name(stack.flow_run(first).name) in cluster and "data:image/png;base64," in cluster  # jobs and the plot
+        names = _state_names(first)
+        assert names[:2] == ["Scheduled", "Admitted"] and names[-1] == "Cancelled"
+        assert names.count("Pending") == 1  # one flow run throughout: the resize happened inside it
+        rescaling = names.index("Rescaling")  # shown while it checkpoints and moves, then back to Running
+        assert names[rescaling + 1] == "Running"
+    finally:  # never left training for the tests after this one
+        if not stack.flow_run(first).state.is_final():
+            stack.cancel(first)
 
 
 @pytest.mark.parametrize(
@@ -134,6 +140,7 @@ def test_deadlines_that_cannot_be_met_are_rejected_with_the_reason(
 
 
 def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_place_back(stack: Stack) -> None:
+    stack.wait_idle()  # the spare GPUs the patient run waits for are the urgent one's, not an earlier test's
     # 32 s of work at two slots' profiled rate, due in 40 s: both slots from now on.
     urgent = stack.submit(iterations=36 * 32, deadline="+40s", checkpoint_interval=500)
     patient = stack.submit(iterations=50, checkpoint_interval=500)

@@ -131,7 +131,7 @@ def _cluster_artifact(stack: Stack, run: Any) -> str:
         with get_client(sync_client=True) as client:
             found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[CLUSTER_KEY])))
         for artifact in found:
-            if run.name in str(artifact.data) and "met" in str(artifact.data):
+            if short_name(run.name) in str(artifact.data) and "met" in str(artifact.data):
                 return str(artifact.id)
         return None
 

@@ -131,11 +131,20 @@ def grant_rescues(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
     in the time no plan claims the GPUs than the job does where it is.
     Refused such grants as unsafe, a run of a CI burst that started a minute
     late was parked and sat beside two idle GPUs until its deadline passed."""
-    if gpus <= plan.gpus_at(slot) or not falls_short(job, plan, st, slot, clock):
+    planned = plan.gpus_at(slot)
+    if gpus <= planned or not falls_short(job, plan, st, slot, clock):
         return False
-    here = job.curve.speed(st.gpus) if st.gpus in job.curve.points else 0.0
-    start = st.overhead_left if gpus == st.gpus else clock.overhead(gpus)
-    return job.curve.speed(gpus) * max(0.0, unclaimed_s - start) > here * unclaimed_s
+    # Against what it would do without the grant: its plan's width now, a start paid if it is not
+    # there. Measured against the width it holds, keeping that width was never worth it, and a run
+    # behind a plan that had ended (it thought the run done) was parked beside the four idle GPUs it
+    # had just trained on.
+    def work(width: int) -> float:
+        if not width:
+            return 0.0
+        start = st.overhead_left if width == st.gpus else clock.overhead(width)
+        return job.curve.speed(width) * max(0.0, unclaimed_s - start)
+
+    return work(gpus) > work(planned)
 
 
 def waits_for_its_plan(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:

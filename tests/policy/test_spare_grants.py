@@ -75,3 +75,21 @@ def test_a_grant_to_a_run_that_falls_short_must_do_more_than_where_it_is_in_the_
     parked = JobStatus(60_000.0, 0, 0.0)
     assert grant_rescues(wide, short, parked, 2, 0, CLOCK, unclaimed_s=4.0)  # anything beats nothing
     assert not grant_rescues(wide, short, JobStatus(5000.0, 1, 0.0), 2, 0, CLOCK, unclaimed_s=10.0)  # on its plan
+
+
+def test_a_run_behind_a_plan_that_has_ended_keeps_the_gpus_it_trains_on() -> None:
+    """The Ray stack this session: a run that started 43 s late was behind a
+    plan that had it done by now (nothing planned for it any more); keeping
+    its 4 GPUs was judged against its 4 GPUs, never worth it, and it was
+    parked beside them 7 s before its deadline, then put back."""
+    from scheduler_service.policy import SchedulingRequest, Topology, make_policy
+    from scheduler_service.policy.registry import DEFAULT_POLICY
+
+    curve = ThroughputCurve({1: 10.0, 2: 19.0, 4: 36.0})
+    for name in ("elasticflow", DEFAULT_POLICY):
+        policy = make_policy(name, Topology(1, 2, 2), interval=6.0)
+        (decision,) = policy.schedule(SchedulingRequest(0.0, [Job("a", 0.0, 3000, 200.0, curve)])).decisions
+        assert decision.guaranteed and decision.share == 4
+        for now in (60.0, 190.0, 198.0):  # its plan ends at 192 s, half its work still to do
+            reply = policy.schedule(SchedulingRequest(now, status={"a": JobStatus(1500, 4, 0.0)}))
+            assert reply.allocation["a"] == 4, (name, now)

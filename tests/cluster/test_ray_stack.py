@@ -105,9 +105,12 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
-    save_curve("mlp", 32, {1: 1.0, 2: 1.9, 4: 3.6})  # a run that would take hours: planned on 4
+    # A run that would take weeks, alone on the cluster: granted its spare GPUs at once (a 6 s slot),
+    # so on both nodes. Its deadline is far enough for any speed the loop learnt from the run above:
+    # due in 40 days, it was refused once that run trained at 0.68 of its seeded curve.
+    save_curve("mlp", 32, {1: 1.0, 2: 1.9, 4: 3.6})
     long = run_deployment("train/mlp", timeout=0, parameters={
-        "iterations": 10_000_000, "deadline": (datetime.now(timezone.utc) + timedelta(days=40)).isoformat()})
+        "iterations": 10_000_000, "deadline": (datetime.now(timezone.utc) + timedelta(days=400)).isoformat()})
     wait_until(lambda: len(rank_actors(home)) >= 4, 180, "the run's 4 ranks")
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(long.id, Cancelling(message="not needed any more"), force=True)

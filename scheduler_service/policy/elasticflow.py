@@ -15,10 +15,11 @@ Policies composed of several (teams.py) ask it through four small hooks
 (`can_widen`, `unclaimed_for`, `cannot_move`, `were_moved`) that read its plans: they stay in
 this module, with the state they read, rather than splitting it.
 
-One module of a little over 400 lines for that reason: admission, the
-restoring of allowances, allocation and placement each read and change the
-same plans, timeline and guaranteed set, and the invariant above is about
-all of them at once. The computations are already elsewhere (admission.py,
+One module of about 470 lines for that reason: admission, the restoring of
+allowances, allocation (which jobs keep their width, including those whose
+deadline lapsed, and who grows) and placement each read and change the same
+plans, timeline and guaranteed set, and the invariant above is about all of
+them at once. The computations are already elsewhere (admission.py,
 allocation.py, plan.py, placement.py); what is left here is the state and
 the order of the steps, which split in two would each take the policy whole.
 

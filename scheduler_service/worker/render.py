@@ -172,11 +172,11 @@ def _when(moment: datetime | None, at: datetime, relative_too: bool = True) -> s
     return f"{clock} ({relative})"
 
 
-NAME_CHARS = 20  # of a run's name in the jobs table
+NAME_CHARS = 20  # of a run's name in the jobs table and the GPU map
 
 
 def short_name(name: str) -> str:
-    """A run's name as the jobs table shows it: at most NAME_CHARS characters."""
+    """A run's name as the jobs table and the GPU map show it: at most NAME_CHARS characters."""
     return name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "…"
 
 
@@ -196,11 +196,13 @@ def _order(job: JobView) -> tuple[bool, bool, datetime, str]:
 
 
 def _holders(snapshot: ClusterSnapshot) -> dict[int, list[str]]:
-    """GPU -> names of the jobs holding it (two during a hand-over report)."""
+    """GPU -> names of the jobs holding it (two during a hand-over report),
+    cut as the jobs table cuts them: a node of 8 GPUs held by long-named runs
+    was wider than the window, one full name a cell."""
     holders: dict[int, list[str]] = {}
     for job in sorted(snapshot.jobs, key=_order):
         for gpu in job.gpus:
-            holders.setdefault(gpu, []).append(job.name)
+            holders.setdefault(gpu, []).append(short_name(job.name))
     return holders
 
 

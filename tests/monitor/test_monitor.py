@@ -150,6 +150,11 @@ def test_gpu_map_shows_each_node_and_the_holder_of_each_gpu() -> None:
     assert rows == [["a", "`0` fox", "`1` fox"], ["b", "`2` ·", "`3` owl"]]
 
 
+def test_the_gpu_map_cuts_a_long_name_as_the_jobs_table_does() -> None:
+    view = snapshot(job("y" * 60, gpus=[0, 1]), nodes=("a",), per_node=2)
+    assert table_rows(gpu_map_markdown(view), "node") == [["a", "`0` " + "y" * 19 + "…", "`1` " + "y" * 19 + "…"]]
+
+
 def test_gpu_map_of_two_kinds_shows_each_nodes_kind_and_its_own_number_of_gpus() -> None:
     view = ClusterSnapshot(at=s(0), topology="A100 + T4", nodes=["big", "small"], gpus_per_node=4,
                            node_gpus=[4, 2], node_kinds=["A100", "T4"], jobs=[job("fox", gpus=[4, 5])])

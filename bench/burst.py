@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DECISIONS = {"Admitted", "Rejected", "Profiling", "Waiting"}
+DECISIONS = {"Admitted", "Best-effort", "Rejected", "Profiling", "Waiting"}
 UNDECIDED = {"Scheduled", "Late"}  # the states of a run the worker has not decided yet
 MLP_CURVE = {1: 20.0, 2: 36.0}  # seeded profile, as the tests use: no profiling in the way
 SETTINGS = {  # the worker's: a 2-slot CPU cluster, 2 s slots, no start cost kept

@@ -26,7 +26,8 @@ class StateName(str, Enum):
     Prefect's late-runs service leaves alone)."""
 
     PROFILING = "Profiling"
-    ADMITTED = "Admitted"
+    ADMITTED = "Admitted"  # with a guarantee: its deadline will be met
+    BEST_EFFORT = "Best-effort"  # taken without one (no deadline, or none it can be promised): "Admitted" misled
     WAITING = "Waiting"
     RESCALING = "Rescaling"
     RESUMING = "Resuming"

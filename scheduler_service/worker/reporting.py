@@ -199,7 +199,8 @@ class Reporter:
         guaranteed = f"; guaranteed to finish by {clock(action.guaranteed_finish)}" \
             if action.guaranteed_finish is not None else ""
         self.tell(run, f"{action.message}{guaranteed}")
-        await self._waiting_state(run, StateName.ADMITTED, now, action.message)  # before its launch's Pending
+        await self._waiting_state(run, StateName.ADMITTED if action.guaranteed else StateName.BEST_EFFORT, now,
+                                  action.message)  # before its launch's Pending
         await self.in_background(self.publisher.labels, run.run_id, {
             Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"}, lane=run.run_id)
         await self.in_background(self._history_now, run, AllocationAction.ADMITTED, (), view,

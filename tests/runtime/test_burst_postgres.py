@@ -32,4 +32,4 @@ def test_thirty_concurrent_submissions_on_postgresql_are_all_created_and_decided
     assert len(burst.created) == RUNS and burst.http_503 == 0 and not burst.other_errors, report
     assert len(burst.latencies) == RUNS and burst.lost == 0, report
     assert burst.double_booked == [], report
-    assert set(burst.decided_by.values()) <= {"Admitted", "Rejected", "Profiling", "Waiting"}, report
+    assert set(burst.decided_by.values()) <= {"Admitted", "Best-effort", "Rejected", "Profiling", "Waiting"}, report

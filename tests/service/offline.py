@@ -27,6 +27,7 @@ class RecordingPublisher(Publisher):
         self.calls = 0
         self.keep_states = keep_states
         self.states: dict[str, str] = {}  # run id -> last state name it would have been given
+        self.named: dict[str, list[str]] = {}  # run id -> every state name it would have been given
 
     def event(self, *args: Any, **kwargs: Any) -> None:
         self.calls += 1
@@ -38,6 +39,7 @@ class RecordingPublisher(Publisher):
         self.calls += 1
         if self.keep_states:
             self.states[run.run_id] = name.value
+            self.named.setdefault(run.run_id, []).append(name.value)
 
     async def rejected(self, run_id: str, rejection: Any) -> None:
         self.calls += 1

@@ -258,3 +258,17 @@ def test_huge_parameters_and_messages_quoting_them_are_bounded(tmp_path: Path, m
     quoted = _take(worker, {"model": "mlp", "iterations": 5, "checkpoint_store": "/" + "\n" * 5000})
     (decision,) = worker.reporter.store.decisions(quoted)
     assert "\n" not in decision.message and len(decision.message) <= MESSAGE_LIMIT + 100
+
+
+def test_a_run_taken_without_a_guarantee_is_not_named_admitted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46: a best-effort run's state was named Admitted, which reads as a promise."""
+    from scheduler_service.store import save_curve
+
+    worker = offline_worker(tmp_path, monkeypatch)
+    save_curve("mlp", 32, {1: 50.0, 2: 90.0})
+    due = _take(worker, {"model": "mlp", "iterations": 5, "deadline": "+1h"})
+    whenever = _take(worker, {"model": "mlp", "iterations": 5})
+    asyncio.run(worker.decide(NOW))
+    asyncio.run(worker.reporter.drain(timeout_s=5.0))
+    named = worker.reporter.publisher.named
+    assert (named[due][0], named[whenever][0]) == ("Admitted", "Best-effort")

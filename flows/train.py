@@ -43,13 +43,28 @@ class SegmentCrashed(RuntimeError):
         self.result = result
 
 
+# How a segment that did not crash ended, as its task's state says it.
+_ENDED_BECAUSE = {"completed": "the run's last iteration", "target": "its GPUs change",
+                  "stopped": "told to stop", "terminated": "the run was stopped"}
+
+
 @task(name="train-segment", cache_policy=NO_CACHE, persist_result=False)
-def train_segment(launch: Callable[[], SegmentResult]) -> SegmentResult:
-    """One launch of the DDP workers; restores from, and ends with, a checkpoint."""
+def train_segment(launch: Callable[[], SegmentResult]) -> Any:
+    """One launch of the DDP workers; restores from, and ends with, a checkpoint.
+
+    It ends in a state named `Segment ended`, saying which iterations it
+    trained and why it ended: Prefect logs a task's end as "Finished in state
+    ...", and a plain Completed() in the middle of a run read as the run
+    finishing (issue 46)."""
+    from prefect.states import Completed
+
     result = launch()
     if result.reason in ("crashed", "save_failed"):  # Failed on the run's page, not Completed with a crash inside
         raise SegmentCrashed(result)
-    return result
+    gpus = ",".join(map(str, result.gpus))
+    return Completed(name="Segment ended", data=result, message=(
+        f"iterations {result.start_iteration}-{result.end_iteration} on GPUs {gpus}: "
+        f"{_ENDED_BECAUSE.get(result.reason, result.reason)}"))
 
 
 def _as_task(launch: Callable[[], SegmentResult], name: str) -> SegmentResult:
@@ -67,7 +82,8 @@ def _as_task(launch: Callable[[], SegmentResult], name: str) -> SegmentResult:
         return ran[-1]
 
     try:
-        return train_segment.with_options(task_run_name=name)(once)
+        train_segment.with_options(task_run_name=name)(once)  # its state, named for the page: the result is ran's
+        return ran[-1]
     except SegmentCrashed as crashed:
         return crashed.result
     except Exception as exc:

@@ -70,6 +70,10 @@ def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path, m
     assert "elasticflow.projected_finish" in run.labels
     assert sorted(t.name for t in tasks) == ["segment-0-it0-gpus0_1", "segment-1-it20-gpus0"]
     assert all(t.state.is_completed() for t in tasks)
+    # A segment that ends mid-run does not read as the run finishing ("Finished in state Completed()").
+    ended = {t.name: (t.state.name, t.state.message) for t in tasks}
+    assert ended["segment-0-it0-gpus0_1"] == ("Segment ended", "iterations 0-20 on GPUs 0,1: its GPUs change")
+    assert ended["segment-1-it20-gpus0"] == ("Segment ended", "iterations 20-40 on GPUs 0: the run's last iteration")
     progress = [a for a in artifacts if a.type == "progress"]
     assert progress and progress[-1].data == 100.0
 

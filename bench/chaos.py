@@ -4,7 +4,8 @@ minute and at the end.
 
 Submissions (every 2-6 s): deadline runs the cluster can meet, best-effort
 runs, infeasible ones (rejected at once), and deadline runs cancelled 1-15 s
-after they are created. Faults (every 15-35 s; `--fault-every`): SIGKILL of
+after they are created. Faults (every 15-35 s; `--fault-every`; every kind
+once, in a seeded order, before any twice): SIGKILL of
 the worker, of the Prefect server, of one rank of a training run; SIGINT to
 `up` and a fresh `up`; the newest checkpoint of a training run corrupted;
 with `--ray` (`up --ray local:2x2`), SIGKILL of a non-head node's raylet, and
@@ -86,6 +87,7 @@ class Chaos:
         self.submitted: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.hit: dict[str, Counter[str]] = {}  # run -> faults it lived through, each how often
+        self.deck: list[str] = []  # the fault kinds still to draw this round
         self.problems: Counter[str] = Counter()
         self.seen: list[str] = []  # the violations, for the report
         self.starts = 0
@@ -195,12 +197,9 @@ class Chaos:
 
     # -- faults ---------------------------------------------------------------
     def fault(self) -> bool:
-        """One fault of a random kind; False if it found nothing to hit (no
-        rank live, no checkpoint yet)."""
-        kinds = ["kill_worker", "kill_server", "kill_rank", "stop_up", "corrupt_checkpoint"]
-        if self.ray:
-            kinds.append("kill_raylet")
-        kind = self.rng.choice(kinds)
+        """One fault, the next of the deck; False if it found nothing to hit
+        (no rank live, no checkpoint yet): that kind waits for the next round."""
+        kind = self._draw()
         live = self._live()
         done = getattr(self, f"_{kind}")()
         if not done:
@@ -210,6 +209,17 @@ class Chaos:
             self.hit.setdefault(str(run_id), Counter())[kind] += 1
         say(f"fault {kind}" + (f" ({done})" if isinstance(done, str) else ""))
         return True
+
+    def _draw(self) -> str:
+        """Every kind once, in a seeded order, before any kind twice: a
+        10-minute run drawn at random once drew no server kill, and proved
+        nothing about one."""
+        if not self.deck:
+            kinds = ["kill_worker", "kill_server", "kill_rank", "stop_up", "corrupt_checkpoint"]
+            if self.ray:
+                kinds.append("kill_raylet")
+            self.deck = self.rng.sample(kinds, k=len(kinds))
+        return self.deck.pop()
 
     def _kill_worker(self) -> bool:
         group = self._group("worker")

@@ -45,10 +45,11 @@ def _closing(head: bytes) -> bytes:
 
 @contextmanager
 def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: int = 0,
-                lost: float = 0.0) -> Iterator[str]:
+                lost: float = 0.0, down_s: float = 0.0) -> Iterator[str]:
     """The URL of `api_url` behind the proxy: each request `delay_s` slower,
     a share `unavailable` of the writes refused with a 503, a share `lost`
-    made and their answers dropped."""
+    made and their answers dropped; for the first `down_s` seconds nothing
+    listens there (a server restarting: connections are refused)."""
     target = urlsplit(api_url)
     rng = random.Random(seed)
     loop = asyncio.new_event_loop()
@@ -105,8 +106,15 @@ def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: in
             writer.close()
 
     async def serve() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port.append(server.sockets[0].getsockname()[1])
+        if down_s > 0:
+            from scheduler_service.stack.local import free_port
+
+            port.append(free_port())
+            ready.set()
+            await asyncio.sleep(down_s)
+        server = await asyncio.start_server(handle, "127.0.0.1", port[0] if port else 0)
+        if not port:
+            port.append(server.sockets[0].getsockname()[1])
         ready.set()
         async with server:
             try:

@@ -19,7 +19,9 @@
    engine's. A wrong worker count costs a cold start, never correctness;
    unused standbys exit with the flow process.
 
-4. Least privilege: files it and its ranks create are private (umask 077),
+4. A server that is restarting (a stop of `up`, a killed server) is waited
+   for before the engine's first request, which Prefect does not retry.
+5. Least privilege: files it and its ranks create are private (umask 077),
    and its process group is recorded under `$ELASTICFLOW_HOME/run/groups/`
    so that stopping the stack signals this group and never a bystander
    (`scheduler_service.stack.groups`, which reads what `record_group` writes).
@@ -46,6 +48,7 @@ from flows.training.pause import stack_stopping
 FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
 WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
+API_WAIT_S = 600.0  # how long a flow process waits for its Prefect server to answer before the engine starts
 PRIVATE_UMASK = 0o077  # files under $ELASTICFLOW_HOME: 0600, folders 0700
 
 
@@ -223,6 +226,34 @@ def _exit(code: int) -> None:
     os._exit(code & 0xFF)
 
 
+def wait_for_api(url: str | None, timeout_s: float = API_WAIT_S, poll_s: float = 1.0) -> bool:
+    """Until the Prefect server at `url` answers at all (any HTTP status);
+    False if it has not within `timeout_s`. Prefect's client retries a
+    refused connection only once it has connected once, so a flow process
+    started while `up` restarted its server ended at the engine's first
+    request, having trained nothing: chaos found an admitted run "stopped at
+    iteration 0" after a server kill 20 s behind a worker kill. Waiting here
+    costs the run the restart's seconds, not its training."""
+    import urllib.error
+    import urllib.request
+
+    if not url:
+        return True
+    give_up = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5).close()
+            return True
+        except urllib.error.HTTPError:
+            return True  # it answered (401 without the secret, a 503 while busy): the engine's client handles those
+        except ValueError:
+            return True  # not a URL this can ask: the engine says what is wrong with it
+        except OSError:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(poll_s)
+
+
 def main() -> None:
     os.umask(PRIVATE_UMASK)
     try:
@@ -231,6 +262,9 @@ def main() -> None:
         pass
     record_group(os.environ.get("ELASTICFLOW_HOME"), os.getpid(),
                  f"flow run {os.environ.get('PREFECT__FLOW_RUN_ID', '?')}")
+    if not wait_for_api(os.environ.get("PREFECT_API_URL")):
+        print(f"elasticflow: no Prefect server answered at {os.environ.get('PREFECT_API_URL')} for "
+              f"{API_WAIT_S:.0f} s; starting the engine all the same", file=sys.stderr, flush=True)
     path = os.environ.get(FORKSERVER_ENV)
     if path and os.environ.get(WARM_ENV, "1") != "0":
         code = run_warm(path)

@@ -52,6 +52,10 @@ from flows.training.supervision import (  # noqa: E402
 )
 
 log = logging.getLogger("elasticflow.ray")
+# A rank that is gone or cannot be reached: dead, on a node Ray gave up (an
+# actor pinned there is then unschedulable, not dead: a segment started on a
+# plan made a moment before its node died failed the whole run once), or silent.
+RANKS_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError, ray.exceptions.GetTimeoutError)
 
 
 class CheckpointStoreNotShared(ValueError):
@@ -105,8 +109,9 @@ class RaySegment:
         self.actors = [self.pool.take(slot) for slot in self.placement]
         try:
             self._start()
-        except (MisplacedRank, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            self.died = self.died or isinstance(exc, ray.exceptions.RayActorError)
+        except (MisplacedRank, *RANKS_GONE) as exc:
+            self.died = self.died or isinstance(exc, (ray.exceptions.RayActorError,
+                                                      ray.exceptions.ActorUnschedulableError))
             self.start_error = f"ranks could not start on {', '.join(self.nodes)}: {type(exc).__name__}: {exc}"
 
     def _start(self) -> None:
@@ -121,7 +126,7 @@ class RaySegment:
                 f"this run are on {', '.join(elsewhere)}: set the CheckpointStore block's url (or the run's "
                 "checkpoint_store) to a URL every node reaches, e.g. s3://bucket/checkpoints")
         master_ip = self.where[0]["ip"]
-        port = ray.get(self.actors[0].free_port.remote(master_ip))
+        port = ray.get(self.actors[0].free_port.remote(master_ip), timeout=HANDOVER_S)
         self.orders = rank_orders(ray_seats(self.placement, self.where), master_ip, port, self.spec.device,
                                   self.launch_t, self.gpus)
         spec_json = _remote_spec(self.spec)
@@ -156,7 +161,7 @@ class RaySegment:
                 raise MisplacedRank(f"a newcomer is not on its node: {arrived}")
             master_ip = self.where[stay[0]]["ip"]
             port = ray.get(self.actors[stay[0]].free_port.remote(master_ip), timeout=HANDOVER_S)
-        except (MisplacedRank, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except (MisplacedRank, *RANKS_GONE) as exc:
             log.warning("no resize in place run_key=%s: newcomers could not start (%s: %s)", spec.run_key,
                         type(exc).__name__, exc)
             for actor in joiners:
@@ -175,7 +180,7 @@ class RaySegment:
         try:
             ray.get([a.tell.remote({spec_file(self.round): spec_json, next_file(ended): word.model_dump_json()})
                      for a in self.actors], timeout=HANDOVER_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except RANKS_GONE as exc:
             # Some ranks may be forming the new group already: a crash, as a
             # rank lost at any other moment; the run goes on from its checkpoint.
             end_actors(self.actors + joiners, self.where + arrived)
@@ -243,7 +248,7 @@ class RaySegment:
         """Forward rank 0's new progress lines; its result if the ranks paused."""
         try:
             lines, self._offset, said = ray.get(self.actors[0].progress.remote(self._offset, self.round), timeout=10)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        except RANKS_GONE:
             return None
         for line in lines:
             self._iteration = line.iteration

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster import netns
 from tests.stack import stack_settings, state_names, wait_for_events, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +25,9 @@ CURVE = {1: 10.0, 2: 19.0, 4: 36.0}
 
 
 @contextmanager
-def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Path]]:
-    """`elasticflow up --ray local:2x2`'s stack, its worker started; this
-    process talks to its Prefect server. Yields the stack and the worker's log."""
+def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray: str = "local:2x2") -> Iterator[tuple[Any, Path]]:
+    """`elasticflow up --ray RAY`'s stack, its worker started; this process
+    talks to its Prefect server. Yields the stack and the worker's log."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from scheduler_service.stack.local import free_port, local_stack
@@ -43,7 +44,7 @@ def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("ELASTICFLOW_CLUSTER", raising=False)  # nor one an earlier test's session stack left here
     home = tmp_path / "home"
-    with local_stack(home, free_port(), env=settings, models=("mlp",), ray="local:2x2") as stack, \
+    with local_stack(home, free_port(), env=settings, models=("mlp",), ray=ray) as stack, \
             temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
         worker_log = stack.logs / "worker.log"
         wait_until(lambda: "started!" in worker_log.read_text(errors="replace"), 180, "the worker to start")
@@ -163,6 +164,8 @@ def _raylet_of(node_name: str, gcs_address: str) -> int:
     raise AssertionError(f"no raylet of {node_name} at {gcs_address}")
 
 
+@pytest.mark.skipif(netns.unavailable() is None,
+                    reason="test_ray_netns.py kills a node of a cluster of real hosts, and partitions the other")
 def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flow_run(
         shared_stack: tuple[Any, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     import json

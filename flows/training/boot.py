@@ -48,7 +48,8 @@ from flows.training.pause import stack_stopping
 FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
 WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
-API_WAIT_S = 600.0  # how long a flow process waits for its Prefect server to answer before the engine starts
+API_WAIT_S = 600.0  # how long a flow process waits for its Prefect server to listen before the engine starts
+API_WAIT_ENV = "ELASTICFLOW_API_WAIT_S"
 PRIVATE_UMASK = 0o077  # files under $ELASTICFLOW_HOME: 0600, folders 0700
 
 
@@ -226,28 +227,31 @@ def _exit(code: int) -> None:
     os._exit(code & 0xFF)
 
 
-def wait_for_api(url: str | None, timeout_s: float = API_WAIT_S, poll_s: float = 1.0) -> bool:
-    """Until the Prefect server at `url` answers at all (any HTTP status);
-    False if it has not within `timeout_s`. Prefect's client retries a
-    refused connection only once it has connected once, so a flow process
-    started while `up` restarted its server ended at the engine's first
-    request, having trained nothing: chaos found an admitted run "stopped at
-    iteration 0" after a server kill 20 s behind a worker kill. Waiting here
-    costs the run the restart's seconds, not its training."""
-    import urllib.error
-    import urllib.request
+def wait_for_api(url: str | None, timeout_s: float | None = None, poll_s: float = 1.0) -> bool:
+    """Until something listens at the Prefect API's address; False if nothing
+    has within `timeout_s` (`ELASTICFLOW_API_WAIT_S`, default 10 min).
+    Prefect's client retries a refused connection only once it has connected
+    once, so a flow process started while `up` restarted its server ended at
+    the engine's first request, having trained nothing: chaos found an
+    admitted run "stopped at iteration 0" after a server kill 20 s behind a
+    worker kill. A listener is enough: the server binds its port once it has
+    started, and one that listens but is slow is the engine client's to wait
+    for, with its own retries."""
+    from urllib.parse import urlsplit
 
-    if not url:
+    try:
+        parts = urlsplit(url or "")
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return True  # not a URL this can read: the engine says what is wrong with it
+    if not host:
         return True
-    give_up = time.monotonic() + timeout_s
+    wait_s = float(os.environ.get(API_WAIT_ENV, API_WAIT_S)) if timeout_s is None else timeout_s
+    give_up = time.monotonic() + wait_s
     while True:
         try:
-            urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5).close()
+            socket.create_connection((host, port), timeout=5).close()
             return True
-        except urllib.error.HTTPError:
-            return True  # it answered (401 without the secret, a 503 while busy): the engine's client handles those
-        except ValueError:
-            return True  # not a URL this can ask: the engine says what is wrong with it
         except OSError:
             if time.monotonic() >= give_up:
                 return False
@@ -263,8 +267,8 @@ def main() -> None:
     record_group(os.environ.get("ELASTICFLOW_HOME"), os.getpid(),
                  f"flow run {os.environ.get('PREFECT__FLOW_RUN_ID', '?')}")
     if not wait_for_api(os.environ.get("PREFECT_API_URL")):
-        print(f"elasticflow: no Prefect server answered at {os.environ.get('PREFECT_API_URL')} for "
-              f"{API_WAIT_S:.0f} s; starting the engine all the same", file=sys.stderr, flush=True)
+        print(f"elasticflow: no Prefect server listens at {os.environ.get('PREFECT_API_URL')}; "
+              "starting the engine all the same", file=sys.stderr, flush=True)
     path = os.environ.get(FORKSERVER_ENV)
     if path and os.environ.get(WARM_ENV, "1") != "0":
         code = run_warm(path)

@@ -162,7 +162,7 @@ def test_without_its_server_a_flow_process_still_dies_with_its_client(tmp_path: 
 
 def test_without_a_server_the_flow_process_starts_cold(tmp_path: Path) -> None:
     env = {**os.environ, FORKSERVER_ENV: str(tmp_path / "none.sock"), "PREFECT__FLOW_RUN_ID": "not-a-uuid",
-           "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+           "PREFECT_API_URL": "http://127.0.0.1:9/api", "ELASTICFLOW_API_WAIT_S": "0"}
     out = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT, capture_output=True,
                          text=True, timeout=CEILING_S)
     assert "warm start unavailable" in out.stderr and "Invalid flow run id" in out.stderr + out.stdout

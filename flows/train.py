@@ -185,6 +185,15 @@ def train(
         if pause is None:
             raise  # a cancellation, an operator's kill: as Prefect's engine says
         raise pause from None
+    except Exception as exc:
+        # Training that fails while the stack stops under it (`up --ray local:...` tears its Ray
+        # cluster down, and a run that joins it then cannot) failed because of the stop, not of
+        # itself: it pauses too. A run that fails for its own reasons fails again once resumed.
+        pause = _paused(run_key, params.control_dir) if stack_stopping() else None
+        if pause is None:
+            raise
+        log.warning("flow run %s failed while the stack stopped (%s: %s): paused", run_key, type(exc).__name__, exc)
+        raise pause from None
     logger.info(
         "training %s after %d/%d iterations, %d rescales, %d restarts",
         result.status,

@@ -148,3 +148,36 @@ def test_a_store_that_takes_no_save_fails_the_run_with_the_path_in_its_prefect_l
 
     tasks = wait_until(failed_tasks, 30, "the segment's task in a final state")
     assert all(t.state.is_failed() for t in tasks), [t.state for t in tasks]
+
+
+def test_training_that_fails_while_the_stack_stops_under_it_pauses(
+        prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chaos on Ray: three admitted runs ended failed at iteration 0 after a stop of `up`, which
+    tears its local Ray cluster down (a run joining it then cannot). Failing while the stack stops
+    is the stop's doing: the run pauses, to go on at the next start, as a SIGTERM then does."""
+    from prefect.client.orchestration import get_client
+
+    from prefect.exceptions import Pause
+
+    from flows import train as train_module
+    from flows.training.pause import clear_stopping, mark_stopping
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("ELASTICFLOW_HOME", str(home))
+
+    keys: list[str] = []
+
+    def torn_down(params: object, run_key: str, **kwargs: object) -> None:
+        keys.append(run_key)
+        raise ConnectionError("the Ray cluster at 127.0.0.1:6379 is gone")
+
+    monkeypatch.setattr(train_module, "run_training", torn_down)
+    run = dict(model="mlp", iterations=5, device="cpu", checkpoint_store=str(tmp_path / "ck"), return_state=True)
+    mark_stopping(home)
+    with pytest.raises(Pause):  # in this process, the engine hands the pause back to its caller
+        train_module.train(**run)
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(keys[-1]).state  # type: ignore[arg-type]
+    assert state is not None and state.is_scheduled() and state.name == "Resuming", state
+    clear_stopping(home)  # the same failure with no stop under way is the run's own
+    assert train_module.train(**run).is_failed()

@@ -56,8 +56,8 @@ class NamespacedRayCluster:
 
     def __init__(self, nodes: int, slots: int, port: int) -> None:
         """The head gives a silent node up after 4 missed health checks 2 s
-        apart (Ray's defaults take up to a minute): a 30-s partition is then a
-        lost node, on a loaded machine too."""
+        apart (Ray's defaults take up to a minute): about 10-20 s on a quiet
+        machine, longer on a loaded one (CI once took over 30 s)."""
         tag = os.getpid() % 100_000
         self.subnet = f"10.{77 + tag // 250 % 100}.{tag % 250}"
         self.bridge, self.prefix, self.port, self.slots = f"efbr{tag}", f"ef{tag}n", port, slots

@@ -1,6 +1,7 @@
 """A run across two Ray nodes that are separate hosts (own network namespace,
 own address, own loopback, a bridge between them) survives a node killed and
-the other partitioned (30 s at least, until Ray gives it up), and completes in the same flow run.
+the other partitioned (30 s at least, until Ray gives it up), and completes
+in the same flow run.
 
 The stack is `elasticflow up --ray HEAD:PORT` attached to that cluster, as
 an operator attaches it to theirs; nothing is on 127.0.0.1 but the stack's
@@ -90,7 +91,8 @@ def test_a_run_across_two_hosts_survives_one_killed_and_the_other_cut_off(
             wait_until(lambda: "cluster changed: lost ns-node-1" in said(), 120, "the worker to see ns-node-1 gone")
             wait_until(lambda: trains_past(killed_at + 400), 240, "the run to go on on ns-node-2")
 
-            # A replacement for the dead host boots; the other one's cable is pulled, for 30 s at least and until Ray gives the host up.
+            # A replacement for the dead host boots; the other one's cable is pulled,
+            # for 30 s at least and until Ray gives the host up.
             cluster.start_node(1)
             cut_at = iteration()
             cluster.cable(2, up=False)
@@ -100,7 +102,8 @@ def test_a_run_across_two_hosts_survives_one_killed_and_the_other_cut_off(
                 # health checks and the worker's poll take longer than on a quiet one:
                 # the cable stays out until the host is given up, not for a fixed time.
                 try:
-                    wait_until(lambda: "cluster changed: lost ns-node-2" in said(), GIVE_UP_S, "Ray to give ns-node-2 up")
+                    wait_until(lambda: "cluster changed: lost ns-node-2" in said(), GIVE_UP_S,
+                               "Ray to give ns-node-2 up")
                 except AssertionError as exc:
                     raise AssertionError(f"{exc}; the worker said:\n{said()[-4000:]}") from None
             finally:

@@ -44,6 +44,7 @@ class AllocationAction(str, Enum):
     STOP = "stop"
     RELEASED = "released"  # it acknowledged giving up every GPU (parked or stopped), still alive
     RELEASE = "release"  # its process ended: every GPU is free
+    REBASED = "rebased"  # the cluster changed under it: what it holds now, by the GPUs' new ids
 
 
 class RunPhase(str, Enum):

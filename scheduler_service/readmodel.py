@@ -209,6 +209,8 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
                            else f"moving to GPUs {gpu_list(pending.gpus)}" if pending.gpus else "being parked")
     elif allocations and allocations[-1].action in (AllocationAction.PARK, AllocationAction.RELEASED):
         view.detail = "parked: its GPUs went to runs closer to their deadlines"
+    elif allocations and allocations[-1].action == AllocationAction.REBASED:
+        view.detail = "its GPUs went with a lost node: it waits for a new placement"
     else:
         view.detail = row.message if (row.message or "").startswith("waiting") else "waiting for GPUs"
     return view

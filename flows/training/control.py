@@ -77,6 +77,7 @@ class ControlAck(BaseModel):
     seq: int
     iteration: int
     gpus: list[int]
+    placement: list[GpuSlot] | None = Field(None, description="where `gpus` are, as the command said (a cluster)")
     applied_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 

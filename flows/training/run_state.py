@@ -109,7 +109,8 @@ class RunState:
             self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=[])
             return False
         self.override, self.cause, self.where = list(command.gpus or []), "control", command.placement
-        self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=self.override)
+        self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=self.override,
+                                  placement=command.placement)
         log.info("control command applied run_key=%s seq=%d gpus=%s", self.run_key, command.seq, self.override)
         return True
 

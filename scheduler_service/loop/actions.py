@@ -132,12 +132,18 @@ class RiskChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class GpusLost:
-    """The run had GPUs on a node that is gone: it lost its ranks, and goes
-    on from its last checkpoint where the next plan puts it."""
+class Rebased:
+    """The cluster changed under the run: it now holds `held`, by the GPUs'
+    new ids (an id is a position in the topology, so a node gone or joined
+    moves them). Every record of what it holds must follow, or a GPU it no
+    longer has is given to another run while the records still say it is
+    this one's. `lost`: it had GPUs on a node that is gone (`nodes`): it lost
+    its ranks, and goes on from its last checkpoint where the next plan puts it."""
 
     run_id: str
-    nodes: tuple[str, ...]  # the nodes gone
+    held: tuple[int, ...]
+    lost: bool
+    nodes: tuple[str, ...] = ()  # the nodes gone, when it lost GPUs there
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,4 +179,4 @@ class ProfileNeeded:
 
 
 Action = (Admitted | Rejected | ProfileNeeded | GuaranteeLost | Launch | Rescale | Park | Stop | HoldsNoGpus | GpusFreed
-          | Await | RiskChanged | GpusLost | Started | StartedSlowly)
+          | Await | RiskChanged | Rebased | Started | StartedSlowly)

@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict
 from scheduler_service.contracts import RunPhase
 from scheduler_service.loop.actions import (
     Action,
-    GpusLost,
     ProfileNeeded,
+    Rebased,
     GuaranteeLost,
     Rejected,
     GpusFreed,
@@ -252,10 +252,12 @@ class ControlLoop:
         self.policy = self._policy_for(event.topology)
         self.runs, self.arrivals, self.gone, self.last_slot = {}, [], [], None
         self.reserved = {name: moved(gpus) for name, gpus in self.reserved.items() if len(moved(gpus)) == len(gpus)}
-        lost: list[Action] = []
+        rebased: list[Action] = []
         for run in old_runs.values():
-            if run.lose_gpus(event.mapping):
-                lost.append(GpusLost(run.run_id, event.lost_nodes))
+            before = (run.held, run.commanded)
+            lost = run.lose_gpus(event.mapping)
+            if lost or (run.held, run.commanded) != before:
+                rebased.append(Rebased(run.run_id, run.held, lost, event.lost_nodes if lost else ()))
             if run.stopping:
                 self.runs[run.run_id] = run  # told to stop: holds its GPUs until it has
                 continue
@@ -263,7 +265,7 @@ class ControlLoop:
                       run.since)
             self._replan_as_adopted(run)
         self.arrivals += [run for run in old_arrivals if run not in self.arrivals]
-        return lost
+        return rebased
 
     # -- the clock ---------------------------------------------------------------
     def step(self, now: float) -> list[Action]:

@@ -19,17 +19,33 @@ def send(channel: FileControlChannel, command: Command, placement: list[GpuSlot]
     write_json_atomic(channel.command_path, message.model_dump_json())
 
 
-def observe(run_id: str, channel: FileControlChannel) -> list[Event]:
-    """What a launched run last said: its acknowledgement and its progress."""
+def current_ids(gpus: list[int] | None, placement: list[GpuSlot] | None,
+                slots: tuple[GpuSlot, ...]) -> tuple[int, ...]:
+    """`gpus` of a command or an acknowledgement, as ids of the cluster now.
+    An id is a position in the worker's topology: a node gone or joined
+    moves it, and a restarted worker numbers a Ray cluster afresh; where each
+    GPU is (Ray node, device) does not move. A GPU on a node gone is dropped
+    (its ranks went with it). On one machine ids never move."""
+    if not placement or not slots:
+        return tuple(gpus or ())
+    now = {(slot.node, slot.index): i for i, slot in enumerate(slots)}
+    return tuple(sorted(now[(s.node, s.index)] for s in placement if (s.node, s.index) in now))
+
+
+def observe(run_id: str, channel: FileControlChannel, slots: tuple[GpuSlot, ...] = ()) -> list[Event]:
+    """What a launched run last said: its acknowledgement and its progress
+    (GPU ids as the cluster numbers them now: `slots`)."""
     events: list[Event] = []
     ack = channel.acknowledged()
     if ack is not None:
-        events.append(Acknowledged(run_id, ack.seq, tuple(ack.gpus)))
+        events.append(Acknowledged(run_id, ack.seq, current_ids(ack.gpus, ack.placement, slots)))
     status = channel.status()
     if status is not None:
         projected = status.projected_finish.timestamp() if status.projected_finish is not None else None
-        events.append(Progress(run_id, status.iteration, tuple(status.gpus), status.iterations_per_s, projected,
-                               status.save_error))
+        # rank 0 reports the GPUs of the command it last applied: where the acknowledgement says they are
+        where = ack.placement if ack is not None and ack.gpus == status.gpus else None
+        events.append(Progress(run_id, status.iteration, current_ids(status.gpus, where, slots),
+                               status.iterations_per_s, projected, status.save_error))
     return events
 
 

@@ -21,10 +21,10 @@ from scheduler_service.loop.actions import (
     Admitted,
     Await,
     Command,
-    GpusLost,
     GuaranteeLost,
     Launch,
     ProfileNeeded,
+    Rebased,
     Rejected,
     GpusFreed,
     HoldsNoGpus,
@@ -122,8 +122,8 @@ class Executor:
                 await reporter.released_for_good(run, action)
             case RiskChanged():
                 reporter.risk(run, action, view)
-            case GpusLost():
-                reporter.gpus_lost(run, list(action.nodes))
+            case Rebased():
+                await reporter.rebased(run, action, view, self.cluster().nodes_of(action.held))
             case Started():
                 reporter.started(run, action.took_s)
             case StartedSlowly():

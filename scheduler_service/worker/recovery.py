@@ -16,10 +16,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 from uuid import UUID
 
-from flows.training.control import FileControlChannel
+from flows.training.control import FileControlChannel, GpuSlot
 from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, StateName, outcome_of
 from scheduler_service.loop.events import Adopted
-from scheduler_service.worker.channels import trained_at
+from scheduler_service.worker.channels import current_ids, trained_at
 from scheduler_service.worker.intake import policy_job
 from scheduler_service.worker.registry import ServiceRun
 from scheduler_service.worker.store import AllocationRecord, RunRecord, ServiceStore, aware
@@ -55,14 +55,15 @@ def found_in(flow_run: Any | None) -> Found:
 
 
 def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[int, float], max_job_gpus: int,
-                now: float, by_kind: dict[str, dict[int, float]] | None = None, team: str = ""
-                ) -> tuple[ServiceRun, Adopted]:
+                now: float, by_kind: dict[str, dict[int, float]] | None = None, team: str = "",
+                slots: tuple[GpuSlot, ...] = ()) -> tuple[ServiceRun, Adopted]:
     """The run as the service keeps it, and as the loop must see it again: on
-    the GPUs it may be using (acknowledged, or commanded and not acknowledged yet)."""
+    the GPUs it may be using (acknowledged, or commanded and not acknowledged
+    yet), by their ids in the cluster as it is now (`slots`, on Ray)."""
     channel = FileControlChannel(row.flow_run_id, found.control_dir or control_root)
     ack, command = channel.acknowledged(), channel.latest()
-    commanded = tuple(command.gpus or []) if command else ()
-    held = tuple(sorted(set(ack.gpus if ack else ()) | set(commanded)))
+    commanded = current_ids(command.gpus, command.placement, slots) if command else ()
+    held = tuple(sorted(set(current_ids(ack.gpus, ack.placement, slots) if ack else ()) | set(commanded)))
     pending = command.seq if command and (ack is None or ack.seq < command.seq) else None
     deadline = None if row.deadline is None else aware(row.deadline).timestamp()
     job = policy_job(row.flow_run_id, aware(row.submitted_at).timestamp(), row.iterations, deadline, points,
@@ -80,7 +81,8 @@ def adopted_run(row: RunRecord, found: Found, control_root: str, points: dict[in
 
 async def recover(client: Any, store: ServiceStore, control_root: str, max_job_gpus: int, now: float,
                   alive: Callable[[str | None, str], bool], kinds: tuple[str, ...] = (), teams: bool = False,
-                  stopped_at: float | None = None) -> list[tuple[ServiceRun, Adopted]]:
+                  stopped_at: float | None = None, slots: tuple[GpuSlot, ...] = ()
+                  ) -> list[tuple[ServiceRun, Adopted]]:
     """The runs to adopt; the store is brought up to date for the rest.
     `alive(infrastructure_id, run_id)` says whether a run's process is really
     there: Prefect still says `Running` of a run whose process died with the
@@ -133,7 +135,7 @@ async def recover(client: Any, store: ServiceStore, control_root: str, max_job_g
         points = one_curve(stored) or {1: 1e-9}
         team = (flow_run.work_queue_name or "") if teams and flow_run is not None else ""
         run, event = adopted_run(row, found, control_root, points, max_job_gpus, now, kind_curves(stored, kinds),
-                                 team)
+                                 team, slots)
         if found.running:  # as it stands: on its GPUs, not merely admitted
             store.upsert_job(row.flow_run_id, RunPhase.RUNNING, gpus=",".join(map(str, event.held)))
         adopted.append((run, event))

@@ -31,7 +31,7 @@ from scheduler_service.contracts import (
     StateName,
     outcome_of,
 )
-from scheduler_service.loop.actions import Admitted, Command, GpusFreed, RiskChanged
+from scheduler_service.loop.actions import Admitted, Command, GpusFreed, Rebased, RiskChanged
 from scheduler_service.loop.run import RunFacts
 from scheduler_service.worker.lanes import Lanes
 from scheduler_service.worker.publish import Publisher
@@ -292,7 +292,19 @@ class Reporter:
             self.tell(run, f"deadline {word}: projected finish {finish:%H:%M:%S}, due {deadline:%H:%M:%S} UTC",
                       warning=change.at_risk)
 
-    def gpus_lost(self, run: ServiceRun, gone: list[str]) -> None:
-        self.tell(run, f"its GPUs on {', '.join(gone) or 'a lost node'} are gone with the node; it goes on "
-                       "from its last checkpoint where the next plan puts it", warning=True)
-        self.publisher.event(run.run_id, EventName.NODES_LOST, {"nodes": gone}, nodes=gone)
+    async def rebased(self, run: ServiceRun, rebased: Rebased, view: RunFacts | None, nodes: list[str]) -> None:
+        """The cluster changed under it: the store says what it holds now (a
+        restarted worker adopts it from there), and if it lost GPUs with a
+        node, it is told so."""
+        gpus = gpus_label(rebased.held)
+        self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.REBASED.value, gpus=gpus))
+        self.store.upsert_job(run.run_id, gpus=gpus)
+        await self.in_background(self._history_now, run, AllocationAction.REBASED, rebased.held, view,
+                                 lane=run.run_id)
+        await self.in_background(self.publisher.labels, run.run_id, {
+            Label.GPUS: gpus, Label.WORLD_SIZE: len(rebased.held), Label.NODES: ",".join(nodes)}, lane=run.run_id)
+        if rebased.lost:
+            gone = list(rebased.nodes)
+            self.tell(run, f"its GPUs on {', '.join(gone) or 'a lost node'} are gone with the node; it goes on "
+                           "from its last checkpoint where the next plan puts it", warning=True)
+            self.publisher.event(run.run_id, EventName.NODES_LOST, {"nodes": gone}, nodes=gone)

@@ -166,7 +166,7 @@ class ElasticFlowWorker(ProcessWorker):
         for run, event in await recover(self.client, store, str(self.settings.home / "control"),
                                         self.cluster.topology.max_job_gpus, now, self.backend.alive,
                                         kinds_of(self.cluster.topology), self.settings.teams is not None,
-                                        stopped_at(self.settings.home)):
+                                        stopped_at(self.settings.home), self.cluster.slots):
             self.registry.add(run)
             await self.executor.apply(self.loop.handle(event, now), now)
             where = f"on GPUs {','.join(map(str, event.held))}" if event.running else "still waiting for GPUs"
@@ -223,7 +223,8 @@ class ElasticFlowWorker(ProcessWorker):
         running = {run.run_id: run for run in self.registry
                    if run.run_id in views and views[run.run_id].phase == RunPhase.RUNNING}
         waiting = [run.run_id for run in self.registry if run.run_id not in running]
-        events: list[Event] = [e for run_id, run in running.items() for e in observe(run_id, run.channel)]
+        events: list[Event] = [e for run_id, run in running.items()
+                                for e in observe(run_id, run.channel, self.cluster.slots)]
         events += [Ended(run_id) for run_id in await self.watch.vanished(waiting, scheduled)]
         foreign = [run_id for run_id, run in running.items() if run.foreign_process]
         ended = await self.watch.ended(foreign)
@@ -331,7 +332,7 @@ class ElasticFlowWorker(ProcessWorker):
         now = self.clock()
         self.profiler.forget(run_id)
         run = self.registry.get(run_id)
-        events = [*(observe(run_id, run.channel) if run is not None else []), Ended(run_id)]
+        events = [*(observe(run_id, run.channel, self.cluster.slots) if run is not None else []), Ended(run_id)]
         applied = await self.decide(now, events)
         self.registry.forget(run_id)
         await submit(self, applied.launches)

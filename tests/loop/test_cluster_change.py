@@ -4,7 +4,7 @@ for a new placement."""
 
 from __future__ import annotations
 
-from scheduler_service.loop.actions import Admitted, GpusLost, GuaranteeLost, Launch, Rescale
+from scheduler_service.loop.actions import Admitted, GuaranteeLost, Launch, Rebased, Rescale
 from scheduler_service.loop.events import ClusterChanged
 from scheduler_service.policy import ThroughputCurve, Topology
 from tests.loop.driver import T0, Driver, job
@@ -25,7 +25,7 @@ def _on_both_nodes(iterations: float, deadline: float) -> Driver:
 def test_a_lost_node_replans_every_run_and_the_run_that_had_gpus_there_waits_for_a_new_placement() -> None:
     d = _on_both_nodes(64 * 100, T0 + 300)  # needs 4 GPUs for 100 s, or 2 for 178 s
     (lost,) = d.handle(ClusterChanged(Topology(1, 1, 2), N1_GONE), T0 + 10)
-    assert isinstance(lost, GpusLost) and lost.run_id == "a"
+    assert isinstance(lost, Rebased) and lost.run_id == "a" and lost.lost and lost.held == (0, 1)
     a = d.loop.view("a", T0 + 10)
     assert a is not None and a.held == (0, 1)  # the first node's GPUs stay held until it acknowledges
     actions = d.step(T0 + 10)
@@ -51,3 +51,22 @@ def test_a_node_that_joins_is_used_at_the_next_plan() -> None:
     d.handle(ClusterChanged(Topology(1, 2, 2), {0: 0, 1: 1}), T0 + 5)
     grow = d.new(d.step(T0 + 5), Rescale)["a"]
     assert len(grow.gpus) == 4
+
+
+def test_a_run_on_the_node_that_stays_is_told_its_gpus_new_ids_when_the_first_node_goes() -> None:
+    """Ids are positions: with the first node gone the second node's GPUs 2, 3
+    are 0, 1. The run that trains there loses nothing, and what it holds must
+    be re-recorded under the new ids, or a GPU that joins as 2 or 3 is given
+    to another run while the records still say it is this one's."""
+    d = Driver(gpus=2, nodes=2)
+    d.arrive(job("a", T0, 20 * 1000, T0 + 3600, CURVE))
+    d.arrive(job("b", T0, 20 * 1000, T0 + 3600, CURVE))
+    launches = d.new(d.step(T0), Launch)
+    d.ack("a", T0)
+    d.ack("b", T0)
+    on_second = next(run for run, launch in launches.items() if min(launch.gpus) >= 2)
+    on_first = "b" if on_second == "a" else "a"
+    rebased = {a.run_id: a for a in d.handle(ClusterChanged(Topology(1, 1, 2), {2: 0, 3: 1}), T0 + 10)}
+    assert isinstance(rebased[on_second], Rebased) and not rebased[on_second].lost
+    assert rebased[on_second].held == tuple(g - 2 for g in launches[on_second].gpus)
+    assert rebased[on_first].lost and rebased[on_first].held == ()

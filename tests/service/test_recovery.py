@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.training.control import ControlAck, FileControlChannel
+from flows.training.control import ControlAck, FileControlChannel, GpuSlot
 from scheduler_service.worker.recovery import Found, adopted_run
 from scheduler_service.worker.store import RunRecord
 from tests.stack import ROOT
@@ -34,6 +34,27 @@ def test_a_running_run_is_adopted_on_every_gpu_it_may_be_using(tmp_path: Path) -
     assert adopted.held == (0, 1) and adopted.commanded == (0,) and adopted.pending_seq == second.seq
     assert run.deadline == datetime(2026, 12, 1, 13, 0, tzinfo=timezone.utc).timestamp()  # read as UTC
     assert adopted.job.deadline == run.deadline and adopted.job.curve.levels == (1, 2) and run.name == "calm-otter"
+
+
+def _slot(node: str, index: int) -> GpuSlot:
+    return GpuSlot(node=node, name=f"ray-{node}", ip="10.0.0.1", index=index)
+
+
+def test_on_a_ray_cluster_a_run_is_adopted_on_where_its_gpus_are_not_on_their_old_ids(tmp_path: Path) -> None:
+    """Node B (GPUs 2, 3 when the run was placed) died; node C joined and
+    took ids 2, 3; the worker restarted. The run's old ids name C's GPUs now:
+    read by id, it would be adopted on GPUs another run is given (Ray chaos,
+    seed 3: GPU 3 double-booked after a raylet and a worker were killed)."""
+    channel = FileControlChannel("r1", tmp_path)
+    first = channel.request("rescale", [1, 3], placement=[_slot("A", 1), _slot("B", 1)])
+    channel.acknowledge(ControlAck(seq=first.seq, iteration=10, gpus=[1, 3], placement=first.placement))
+    now = (_slot("A", 0), _slot("A", 1), _slot("C", 0), _slot("C", 1))
+    found = Found(final=False, running=True, cancelling=False, scheduled=False)
+    _, adopted = adopted_run(_row(), found, str(tmp_path), {1: 10.0, 2: 19.0}, max_job_gpus=2, now=NOW, slots=now)
+    assert adopted.held == (1,) and adopted.commanded == (1,)  # B's GPU went with B
+    # Its ids alone, on one machine (no placement), are taken as they are.
+    _, alone = adopted_run(_row(), found, str(tmp_path), {1: 10.0, 2: 19.0}, max_job_gpus=2, now=NOW)
+    assert alone.held == (1, 3)
 
 
 def test_an_admitted_run_still_waiting_is_adopted_holding_nothing(tmp_path: Path) -> None:

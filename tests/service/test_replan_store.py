@@ -46,3 +46,55 @@ def test_a_running_run_stays_running_with_one_decision_when_the_nodes_change(
     (row,) = worker.reporter.store.jobs()
     assert row.status == RunPhase.RUNNING.value and row.gpus, (row.status, row.gpus, row.message)
     assert len(worker.reporter.store.decisions(run_id)) == 1
+
+
+def test_the_store_follows_a_running_runs_gpus_to_their_new_ids_and_drops_those_of_a_lost_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray chaos, seed 3: a run's node died; the store kept its old GPU id,
+    the node that joined took that id, another run was given it, and the
+    store (and a restarted worker, which adopts from it) had one GPU held by
+    two runs."""
+    from flows.training.control import ControlAck, FileControlChannel
+    from scheduler_service.contracts import AllocationAction
+    from scheduler_service.loop.events import ClusterChanged
+    from scheduler_service.readmodel import report
+    from scheduler_service.store import save_curve
+
+    from sqlmodel import create_engine
+
+    from scheduler_service.worker.store import ServiceStore
+
+    home = tmp_path / "home"
+    home.mkdir()
+    worker = offline_worker(home, monkeypatch, store=ServiceStore(create_engine(f"sqlite:///{home / 'elasticflow.db'}")))
+    save_curve("mlp", 32, {1: 100.0})  # one GPU is all it uses
+    run_id = "00000002"
+
+    async def drive() -> tuple[int, ...]:
+        await worker.take_in.take([Entry(FlowRun({"model": "mlp", "iterations": 100_000, "deadline": "+1h"},
+                                                 run_id=run_id))], T0)
+        await worker.decide(T0)
+        channel = FileControlChannel(run_id, worker.settings.home / "control")
+        command = channel.latest()
+        assert command is not None and command.gpus
+        channel.acknowledge(ControlAck(seq=command.seq, iteration=0, gpus=command.gpus))
+        await worker.decide(T0 + 1)
+        topology = worker.loop.topology
+        # The nodes found again in the other order: the same GPU has the other id.
+        swap = {g: topology.num_gpus - 1 - g for g in range(topology.num_gpus)}
+        await worker.decide(T0 + 5, [ClusterChanged(topology, swap)])
+        moved = tuple(swap[g] for g in command.gpus)
+        assert worker.reporter.store.jobs()[0].gpus == ",".join(map(str, moved))
+        # Its node is gone (and one like it took its place): it holds nothing until it is placed again.
+        await worker.decide(T0 + 6, [ClusterChanged(topology, {g: g for g in range(topology.num_gpus)
+                                                                 if g not in moved}, ("node-1",))])
+        return moved
+
+    moved = asyncio.run(drive())
+    assert moved != ()
+    (row,) = worker.reporter.store.jobs()
+    assert row.status == RunPhase.RUNNING.value and row.gpus == "", row.gpus
+    assert worker.reporter.store.allocations(run_id)[-1].action == AllocationAction.REBASED.value
+    (view,) = report(home).runs
+    assert view.gpus == [] and "lost node" in view.detail, view

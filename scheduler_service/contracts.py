@@ -11,6 +11,7 @@ prose. Only pydantic and the standard library: a pipeline imports this.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping
@@ -176,6 +177,7 @@ def training_event(what: str) -> str:
 
 
 EARLIEST = "; earliest feasible deadline "
+DETAIL = " — "  # between a refusal's sentence for a person and the policy's detail
 LABEL_REASON = Label.REJECTION_REASON.value
 LABEL_EARLIEST = Label.REJECTION_EARLIEST.value
 NO_DATE = "beyond any date"  # an earliest deadline past year 9999 (a run too long to finish)
@@ -195,22 +197,35 @@ class Rejection(BaseModel):
     """Why a run was not admitted, and the earliest deadline that would have been."""
 
     reason: RejectionReason
-    message: str
+    message: str  # the policy's detail: the constraint that failed
     earliest_feasible_deadline: datetime | None = None
     beyond_any_date: bool = False  # the earliest deadline exists but is too far to be a date
+    summary: str = ""  # the sentence for a person it leads with (phrases.refusal)
 
     @classmethod
-    def of(cls, reason: object, message: str, earliest_epoch: float | None) -> "Rejection":
+    def of(cls, reason: object, message: str, earliest_epoch: float | None, deadline: float | None = None,
+           now: float | None = None) -> "Rejection":
+        """From the loop's answer; with `now` (and the run's deadline), led by
+        the sentence for a person. The earliest deadline is rounded up to the
+        second: a time to the microsecond reads as noise, and rounded down it
+        would no longer be feasible."""
+        from scheduler_service.phrases import refusal
         from scheduler_service.text import MESSAGE_LIMIT, shown
 
-        moment = epoch_to_datetime(earliest_epoch)  # the message may quote what a user gave: bounded, escaped
-        return cls(reason=RejectionReason.read(reason), message=shown(message, MESSAGE_LIMIT),
-                   earliest_feasible_deadline=moment,
-                   beyond_any_date=earliest_epoch is not None and moment is None)
+        earliest = None if earliest_epoch is None else float(math.ceil(earliest_epoch))
+        moment = epoch_to_datetime(earliest)
+        beyond, why = earliest_epoch is not None and moment is None, RejectionReason.read(reason)
+        summary = "" if now is None else refusal(why, moment, beyond, epoch_to_datetime(deadline),
+                                                 datetime.fromtimestamp(now, timezone.utc))
+        # the message may quote what a user gave: bounded, escaped
+        return cls(reason=why, message=shown(message, MESSAGE_LIMIT), earliest_feasible_deadline=moment,
+                   beyond_any_date=beyond, summary=summary)
 
     def state_message(self) -> str:
-        """What the Rejected state says to a person."""
-        text = f"{self.reason.value}: {self.message}"
+        """What the Rejected state says to a person: the sentence for them,
+        then the reason, the policy's detail and the earliest deadline."""
+        text = f"{self.summary}{DETAIL}" if self.summary else ""
+        text += f"{self.reason.value}: {self.message}"
         if self.earliest_feasible_deadline is not None:
             text += f"{EARLIEST}{self.earliest_feasible_deadline.isoformat()}"
         elif self.beyond_any_date:
@@ -239,7 +254,7 @@ class Rejection(BaseModel):
         """What `state_message()` wrote; a message in another shape keeps reason
         `unknown` rather than failing (the raw message still travels with it)."""
         text = (message or "").strip()
-        head, sep, _ = text.partition(": ")
+        head, sep, _ = text.rsplit(DETAIL, 1)[-1].partition(": ")
         reason = RejectionReason.read(head) if sep and head and " " not in head else RejectionReason.UNKNOWN
         earliest: datetime | None = None
         if EARLIEST in text:

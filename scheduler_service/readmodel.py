@@ -23,7 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from scheduler_service.contracts import AllocationAction, Outcome, RunPhase, outcome_of
+from scheduler_service.contracts import AllocationAction, Outcome, RejectionReason, RunPhase, outcome_of
+from scheduler_service.phrases import refusal
 
 PHASE_ORDER = (RunPhase.RUNNING, RunPhase.RESCALING, RunPhase.ADMITTED, RunPhase.PROFILING, RunPhase.ARRIVED,
                RunPhase.REJECTED, RunPhase.FINISHED)
@@ -53,6 +54,7 @@ class RunView(BaseModel):
     finished_at: datetime | None = None  # when its process ended (the last `release` allocation)
     reason: str | None = None  # a rejection's reason code
     detail: str = ""  # the rejection's message, why it waits, or the decision's message
+    summary: str = ""  # a rejection's sentence for a person, which leads (phrases.refusal)
     earliest_feasible_deadline: datetime | None = None
     team: str | None = None  # on a cluster shared by teams: its work queue
     at_risk: bool = False  # the control loop's flag (its one at-risk rule), as the worker stored it
@@ -187,6 +189,8 @@ def _view(row: Any, decision: Any, allocations: list[Any], control: Path, node_o
         if decision is not None and not decision.admitted:
             view.reason, view.detail = decision.reason, decision.message or view.detail
             view.earliest_feasible_deadline = _aware(decision.earliest_feasible_deadline)
+            view.summary = refusal(RejectionReason.read(decision.reason), view.earliest_feasible_deadline, False,
+                                   view.deadline, _aware(decision.at))
     elif stored == RunPhase.FINISHED:
         view.phase, view.projected_finish = RunPhase.FINISHED, None
         releases = [a.at for a in allocations if a.action == AllocationAction.RELEASE]

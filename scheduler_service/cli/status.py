@@ -14,7 +14,8 @@ from typing import Any, Optional
 import typer
 
 from scheduler_service.cli import app
-from scheduler_service.contracts import Outcome, RunPhase
+from scheduler_service.contracts import DETAIL, Outcome, RunPhase
+from scheduler_service.phrases import span
 from scheduler_service.text import ranges
 from scheduler_service.readmodel import (
     PHASE_ORDER, GpuHolder, LeftOut, RunView, StatusReport, gpu_list, report,
@@ -41,27 +42,20 @@ def _result(view: RunView) -> str:
     if view.outcome:
         if view.outcome in (Outcome.MET, Outcome.MISSED) and view.finished_at and view.deadline:
             spare = (view.deadline - view.finished_at).total_seconds()
-            return f"{view.outcome.value} ({_span(abs(spare))} {'early' if spare >= 0 else 'late'})"
+            return f"{view.outcome.value} ({span(abs(spare))} {'early' if spare >= 0 else 'late'})"
         return view.outcome.value
     if view.phase == RunPhase.REJECTED:
         return view.reason or "rejected"
     if view.projected_finish and view.deadline:
         spare = (view.deadline - view.projected_finish).total_seconds()
         verdict = "at risk" if view.at_risk else "on track"  # the loop's rule, not one of status's own
-        return f"{verdict} ({_span(spare)} spare)" if spare >= 0 else f"{verdict} ({_span(-spare)} late)"
+        return f"{verdict} ({span(spare)} spare)" if spare >= 0 else f"{verdict} ({span(-spare)} late)"
     return ""
 
 
-def _span(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def _why(view: RunView, now: datetime) -> str:
+    if view.summary:  # a refusal: the sentence for a person (with the earliest deadline), then the policy's detail
+        return f"{view.summary}{DETAIL}{view.detail}"
     text = view.detail
     if view.earliest_feasible_deadline is not None:
         text += f"; earliest feasible deadline {_when(view.earliest_feasible_deadline, now)}"

@@ -105,7 +105,8 @@ class Executor:
             case Rejected():
                 self.registry.forget(run.run_id)
                 await reporter.rejected(run.run_id, run.flow_run, Rejection.of(
-                    action.reason, action.message, action.earliest_feasible_deadline), action.decision_s)
+                    action.reason, action.message, action.earliest_feasible_deadline, run.deadline, now),
+                    action.decision_s)
             case ProfileNeeded():
                 self.profiler.complete_for(run, action.measured_up_to)
                 await reporter.profiling(run, now, f"its model was profiled on {action.measured_up_to} GPU(s) only "

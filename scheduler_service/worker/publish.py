@@ -105,7 +105,8 @@ class Publisher:
                 log.warning("could not mark flow run %s Rejected yet; trying again in %.0f s", run_id, pause)
                 await asyncio.sleep(pause)
         self.event(run_id, EventName.DECISION, {
-            "admitted": False, "reason": rejection.reason.value, "message": rejection.message,
+            "admitted": False, "reason": rejection.reason.value, "summary": rejection.summary,
+            "message": rejection.message,
             "earliest_feasible_deadline": (rejection.earliest_feasible_deadline.isoformat()
                                            if rejection.earliest_feasible_deadline else None),
         })

@@ -4,6 +4,7 @@ runs and how it stands against its deadline, and how it ended."""
 from __future__ import annotations
 
 from scheduler_service.contracts import Outcome, epoch_to_datetime
+from scheduler_service.phrases import span
 from scheduler_service.text import printable
 
 
@@ -19,12 +20,6 @@ def gpus_label(gpus: tuple[int, ...] | list[int]) -> str:
 
 def clock(seconds: float | None) -> str:
     return (iso(seconds) or "beyond any date")[:19].replace("T", " ") + " UTC"
-
-
-def span(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def outlook_line(deadline: float | None, finish: float | None, now: float, at_risk: bool,

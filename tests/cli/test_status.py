@@ -75,7 +75,7 @@ def test_piped_output_names_every_run_phase_outcome_and_reason(home: Path, kinds
         assert head.startswith(f"{name} [mlp] {PHASE[kind].shown}"), block
         if kind == "rejected":
             assert f"rejected: {REJECTION[0]}" in head and REJECTION[1] in block
-            assert "earliest feasible deadline" in block
+            assert "The earliest deadline that can be guaranteed now is" in block  # in words, first
         elif kind in ("met", "missed", "stopped", "failed"):
             assert f"finished: {kind}" in head and "finished " in block
             assert (f"it {TOTAL}/{TOTAL}" in block) == (kind != "stopped")

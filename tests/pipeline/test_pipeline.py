@@ -33,7 +33,8 @@ def test_a_rejected_deadline_raises_the_typed_error_with_reason_and_earliest_dea
         too_ambitious()
     rejected = caught.value
     assert rejected.reason == "infeasible_even_on_an_idle_cluster"
-    assert rejected.message.startswith("infeasible_even_on_an_idle_cluster: ")
+    assert rejected.message.startswith("This run needs about")  # in plain words first, then the policy's detail
+    assert " — infeasible_even_on_an_idle_cluster: " in rejected.message
     assert rejected.earliest_feasible_deadline is not None
     assert 70 * 3600 < (rejected.earliest_feasible_deadline - started).total_seconds() < 90 * 3600
     assert rejected.earliest_feasible_sla == rejected.earliest_feasible_deadline + timedelta(minutes=2)

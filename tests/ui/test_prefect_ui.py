@@ -186,17 +186,19 @@ def open_tab(page: Any, name: str) -> None:
 
 def test_a_rejected_run_shows_its_reason(runs: Runs, ui_stack: UiStack, page: Any) -> None:
     """The state badge says Rejected; the reason is the state message, which the
-    3.9.1 UI shows in the Details tab only (truncated behind "See More")."""
+    3.9.1 UI shows in the Details tab only (truncated behind "See More"). It
+    leads with the sentence in plain words, then the policy's reason."""
     reason = "infeasible_even_on_an_idle_cluster"
-    assert runs.rejected_message.startswith(reason)
+    assert runs.rejected_message.startswith("This run needs about") and f" — {reason}: " in runs.rejected_message
     page.goto(f"{ui_stack.ui_url}/runs/flow-run/{runs.rejected}")
     wait_text(page, "Rejected")
     open_tab(page, "Details")
     wait_text(page, "State Message")
-    wait_text(page, reason)
+    wait_text(page, "This run needs about")
     more = page.get_by_text("See More", exact=True)
     if more.count():
         more.first.click()
+    wait_text(page, reason)
     wait_text(page, "earliest feasible deadline")
     page.screenshot(path=str(ui_stack.shots / "ui-rejected.png"))
 

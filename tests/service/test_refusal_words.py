@@ -7,6 +7,9 @@ policy's detail follows; programs still read the reason and the deadline."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
 
 from scheduler_service.contracts import DETAIL, Rejection, RejectionReason
 
@@ -52,7 +55,7 @@ def test_a_refusal_whose_detail_is_already_plain_has_no_sentence_before_it() -> 
     assert typo.state_message() == "invalid_parameters: iterations: must be >= 1"
 
 
-def test_status_leads_a_refused_run_with_the_same_sentence(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_status_leads_a_refused_run_with_the_same_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sqlmodel import create_engine
 
     from scheduler_service.contracts import RunPhase

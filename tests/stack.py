@@ -84,10 +84,10 @@ class Stack:
         self.worker.kill()
         self.worker.wait(timeout=10)
 
-    def submit(self, **parameters: Any) -> str:
+    def submit(self, name: str | None = None, **parameters: Any) -> str:
         from prefect.deployments import run_deployment
 
-        flow_run = run_deployment("train/mlp", parameters=parameters, timeout=0)
+        flow_run = run_deployment("train/mlp", parameters=parameters, timeout=0, flow_run_name=name)
         return str(flow_run.id)  # type: ignore[union-attr]
 
     def flow_run(self, run_id: str) -> Any:

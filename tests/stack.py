@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,6 +203,20 @@ def rank_user_args(home: Path) -> list[str]:
     except RankAccountError:
         return ["--rank-user", OPT_OUT]
     return []
+
+
+def final_flow_run(run_id: Any, supervise: Callable[[], Iterable[str]] | None = None) -> Any:
+    """The flow run once its state is final, else None: a `wait_until`
+    predicate. `supervise` (a stack under `up`'s supervision) is stepped
+    first, and what it says is printed, so a process that died is restarted
+    while the test waits."""
+    from prefect.client.orchestration import get_client
+
+    for line in supervise() if supervise is not None else ():
+        print(line)
+    with get_client(sync_client=True) as client:
+        found = client.read_flow_run(run_id)
+    return found if found.state is not None and found.state.is_final() else None
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:

@@ -14,13 +14,12 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.cluster import netns
 from tests.cluster.test_ray_stack import CURVE, ray_stack
-from tests.stack import state_names, wait_until
+from tests.stack import final_flow_run, state_names, wait_until
 
 WHY_NOT = netns.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces here: {WHY_NOT}")
@@ -43,7 +42,6 @@ def _rank_pids_in(cluster: netns.NamespacedRayCluster, i: int) -> list[int]:
 
 def test_a_run_across_two_hosts_survives_one_killed_and_the_other_cut_off(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     from scheduler_service.stack.local import free_port
@@ -114,14 +112,7 @@ def test_a_run_across_two_hosts_survives_one_killed_and_the_other_cut_off(
             # The cut-off host's ranks are gone once it hears it was given up, not left training beside it.
             wait_until(lambda: not _rank_pids_in(cluster, 2), 120, "ns-node-2's ranks to end")
 
-            def final() -> Any:
-                for line in stack.supervise():
-                    print(line)
-                with get_client(sync_client=True) as client:
-                    found = client.read_flow_run(run.id)
-                return found if found.state is not None and found.state.is_final() else None
-
-            ended = wait_until(final, 600, "the run to finish")
+            ended = wait_until(lambda: final_flow_run(run.id, stack.supervise), 600, "the run to finish")
             assert ended.state.is_completed(), (ended.state, said()[-3000:])
             assert state_names(run_id).count("Pending") == 1  # the same flow run, never relaunched
             assert iteration() == 12_000

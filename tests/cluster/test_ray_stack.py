@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import netns
-from tests.stack import stack_settings, state_names, wait_for_events, wait_until
+from tests.stack import final_flow_run, stack_settings, state_names, wait_for_events, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Seeded profile where only 4 slots meet the deadline below (the real CPU rate
@@ -78,14 +78,7 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120).stdout
     run_id = re.search(r"flow-run/([0-9a-f-]{36})", out)[1]  # type: ignore[index]
 
-    def final() -> object:
-        for line in stack.supervise():
-            print(line)
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(run_id)
-        return run if run.state is not None and run.state.is_final() else None
-
-    run = wait_until(final, 300, "the run to finish")
+    run = wait_until(lambda: final_flow_run(run_id, stack.supervise), 300, "the run to finish")
     assert run.state.is_completed(), (run.state, worker_log.read_text()[-3000:])
     # The same flow run, never relaunched by Prefect: a relaunch passes through
     # Pending again. (run_count also counts each Rescaling -> Running: a plan
@@ -172,7 +165,6 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flo
     import os
     import signal
 
-    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     from scheduler_service.store import save_curve
@@ -204,12 +196,7 @@ def test_a_node_killed_mid_run_is_left_out_and_the_run_completes_in_the_same_flo
     wait_until(lambda: "cluster changed: lost ray-node-1" in said(), 120,
                "the worker to see the node gone")
 
-    def final() -> object:
-        with get_client(sync_client=True) as client:
-            found = client.read_flow_run(run.id)
-        return found if found.state is not None and found.state.is_final() else None
-
-    ended = wait_until(final, 400, "the run to finish")
+    ended = wait_until(lambda: final_flow_run(run.id), 400, "the run to finish")
     assert ended.state.is_completed(), (ended.state, said()[-3000:])
     assert state_names(run_id).count("Pending") == 1  # the same flow run, never relaunched
     assert iteration() == 8000

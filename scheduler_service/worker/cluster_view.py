@@ -21,7 +21,7 @@ from scheduler_service.loop.run import RunFacts
 from scheduler_service.policy.teams import TeamUse
 from scheduler_service.worker.cluster import Cluster
 from scheduler_service.worker.plot import AllocationSample, allocation_markdown, samples_from_changes
-from scheduler_service.worker.render import ClusterSnapshot, JobView, TeamView, cluster_markdown
+from scheduler_service.worker.render import ClusterSnapshot, JobView, TeamView, cluster_markdown, cluster_summary
 
 log = logging.getLogger("prefect.workers.elasticflow.cluster_view")  # shown with the worker's own lines
 
@@ -151,9 +151,17 @@ class ClusterView:
         snapshot = self.snapshot(views, names, now, teams)
         if self.due(snapshot, now):
             markdown = await anyio.to_thread.run_sync(self.markdown, snapshot, now)  # renders a plot
-            await self.publish(client, markdown)
+            await self.publish(client, markdown, cluster_summary(snapshot))
 
-    async def publish(self, client: Any, markdown: str) -> None:
+    def description(self, summary: str) -> str:
+        """What the artifact's key page shows (Prefect's page for a key shows
+        the description and the versions, not the data): the view in one
+        line and a link to the whole of it."""
+        link = f" · [open the GPU map, the jobs and the plot](/artifacts/artifact/{self.artifact_id})" \
+            if self.artifact_id is not None else ""
+        return f"{DESCRIPTION}: {summary}{link}"
+
+    async def publish(self, client: Any, markdown: str, summary: str = "") -> None:
         """Create the keyed artifact once (or find the latest after a restart),
         then update it in place: no new version per refresh."""
         from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
@@ -170,7 +178,7 @@ class ClusterView:
                     artifact = await client.create_artifact(ArtifactCreate(
                         key=ARTIFACT_KEY, type="markdown", data=markdown, description=DESCRIPTION))
                     self.artifact_id = artifact.id
-                    return
-            await client.update_artifact(self.artifact_id, ArtifactUpdate(data=markdown))
+            await client.update_artifact(self.artifact_id, ArtifactUpdate(data=markdown,
+                                                                           description=self.description(summary)))
         except Exception:
             log.warning("could not update the cluster artifact", exc_info=True)

@@ -271,20 +271,23 @@ def jobs_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN)
     return markdown_table(header, rows)
 
 
-def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:
-    """The whole cluster view as markdown: a summary line, the GPU map by node and
-    the jobs table with each job's outlook against its deadline. Times are UTC,
-    with how far they are from `snapshot.at`."""
+def cluster_summary(snapshot: ClusterSnapshot) -> str:
+    """The view in one line: when, the cluster, GPUs busy, jobs, and how many are late or at risk."""
     at = _utc(snapshot.at).astimezone(timezone.utc)
     busy = len({g for job in snapshot.jobs for g in job.gpus})
     outlooks = [outlook(job, snapshot.at) for job in snapshot.jobs]
     counts = [f"{outlooks.count(o)} {o.value}" for o in (Outlook.LATE, Outlook.AT_RISK) if o in outlooks]
     summary = (f"{at:%Y-%m-%d %H:%M:%S} UTC · {snapshot.topology} · {busy}/{snapshot.num_gpus} GPUs busy · "
                f"{len(snapshot.jobs)} job{'s' if len(snapshot.jobs) != 1 else ''}")
-    if counts:
-        summary += " · " + ", ".join(counts)
+    return summary + (" · " + ", ".join(counts) if counts else "")
+
+
+def cluster_markdown(snapshot: ClusterSnapshot, margin: timedelta = DEFAULT_MARGIN) -> str:
+    """The whole cluster view as markdown: a summary line, the GPU map by node and
+    the jobs table with each job's outlook against its deadline. Times are UTC,
+    with how far they are from `snapshot.at`."""
     return "\n".join([  # no title: the artifact's description is shown above it
-        f"**{summary}**", "",
+        f"**{cluster_summary(snapshot)}**", "",
         "## GPUs", "", gpu_map_markdown(snapshot), "",
         *(["## Teams", "", teams_markdown(snapshot), ""] if snapshot.teams else []),
         "## Jobs", "", jobs_markdown(snapshot, margin), "",

@@ -111,3 +111,33 @@ def test_a_name_with_pipes_and_control_characters_stays_in_its_cell() -> None:
     assert "\x1b" not in text and "a\\|b \\x1b[31mFAKE" in text
     row = next(line for line in text.splitlines() if "FAKE" in line and line.startswith("|"))
     assert row.count(" | ") == next(line for line in text.splitlines() if line.startswith("| ")).count(" | ")
+
+
+def test_the_key_page_is_told_the_view_in_one_line_and_where_the_whole_of_it_is() -> None:
+    """Prefect's page for an artifact key shows its description and its
+    versions, not its data: it showed "ElasticFlow cluster" and one version
+    id (issue 46). The description now carries the summary and a link."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from scheduler_service.worker.render import cluster_summary
+
+    class Client:
+        def __init__(self) -> None:
+            self.updates: list[object] = []
+
+        async def read_artifacts(self, **_: object) -> list[object]:
+            return []
+
+        async def create_artifact(self, artifact: object) -> object:
+            return SimpleNamespace(id="a1b2c3d4")
+
+        async def update_artifact(self, artifact_id: object, update: object) -> None:
+            self.updates.append(update)
+
+    view, client = _view(), Client()
+    snapshot = view.snapshot([_run("run-a", deadline_in_s=600, gpus=(0, 1), finish_in_s=300)], {}, NOW)
+    asyncio.run(view.publish(client, view.markdown(snapshot, NOW), cluster_summary(snapshot)))
+    (update,) = client.updates
+    assert "2/2 GPUs busy" in update.description and "1 job" in update.description  # type: ignore[attr-defined]
+    assert "(/artifacts/artifact/a1b2c3d4)" in update.description  # type: ignore[attr-defined]

@@ -315,5 +315,9 @@ def test_the_cluster_artifact_renders_its_tables_and_the_embedded_plot(
 
     page.goto(f"{ui_stack.ui_url}/artifacts/key/{CLUSTER_KEY}")
     wait_text(page, runs.cluster_artifact[:8])  # versions are listed by their short ids
+    wait_text(page, "0/2 GPUs busy")  # the key page shows the description: the view in one line, then a link
+    page.get_by_text("open the GPU map, the jobs and the plot").first.click()
+    page.wait_for_url(f"**/artifacts/artifact/{runs.cluster_artifact}", timeout=15_000)
+    page.goto(f"{ui_stack.ui_url}/artifacts/key/{CLUSTER_KEY}")
     versions = page.get_by_text(re.compile(r"^[0-9a-f]{8}$"))
     assert versions.count() == 1, "an in-place update must not add a version"

@@ -44,7 +44,7 @@ def refusal(reason: RejectionReason, earliest: datetime | None, beyond_any_date:
     match reason:
         case RejectionReason.INFEASIBLE_ALONE:
             need = (f"about {span(max(0.0, (earliest - at).total_seconds()))}" if earliest is not None
-                    else "longer than that")
+                    else "more time than any date allows")
             first = f"This run needs {need} even with every GPU it can use, and {due}."
         case RejectionReason.INSUFFICIENT_CAPACITY:
             first = f"The GPUs this run needs before its deadline are promised to runs admitted earlier, and {due}."

@@ -45,11 +45,13 @@ def _closing(head: bytes) -> bytes:
 
 @contextmanager
 def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: int = 0,
-                lost: float = 0.0, down_s: float = 0.0) -> Iterator[str]:
+                lost: float = 0.0, down_s: float = 0.0, blink_s: float = 0.0) -> Iterator[str]:
     """The URL of `api_url` behind the proxy: each request `delay_s` slower,
     a share `unavailable` of the writes refused with a 503, a share `lost`
     made and their answers dropped; for the first `down_s` seconds nothing
-    listens there (a server restarting: connections are refused)."""
+    listens there (a server restarting: connections are refused); after the
+    first connection, nothing listens for `blink_s` seconds (a server killed
+    just after a client found it listening)."""
     target = urlsplit(api_url)
     rng = random.Random(seed)
     loop = asyncio.new_event_loop()
@@ -92,7 +94,10 @@ def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: in
             up_writer.close()
         return False  # the server closed after its answer: so does this connection (at once, if dropped)
 
+    connected = asyncio.Event()
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
         try:
             while (request := await _request(reader)) is not None:
                 if b"upgrade: websocket" in request[1].lower():
@@ -116,6 +121,11 @@ def slow_server(api_url: str, delay_s: float, unavailable: float = 0.0, seed: in
         if not port:
             port.append(server.sockets[0].getsockname()[1])
         ready.set()
+        if blink_s > 0:
+            await connected.wait()
+            server.close()
+            await asyncio.sleep(blink_s)
+            server = await asyncio.start_server(handle, "127.0.0.1", port[0])
         async with server:
             try:
                 await server.serve_forever()

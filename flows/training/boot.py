@@ -20,7 +20,9 @@
    unused standbys exit with the flow process.
 
 4. A server that is restarting (a stop of `up`, a killed server) is waited
-   for before the engine's first request, which Prefect does not retry.
+   for before the engine's first request, and a connection it refuses later
+   is retried (`retry_refused_connections`): Prefect's client retries one
+   only once it has connected.
 5. Least privilege: files it and its ranks create are private (umask 077),
    and its process group is recorded under `$ELASTICFLOW_HOME/run/groups/`
    so that stopping the stack signals this group and never a bystander
@@ -99,12 +101,39 @@ def run_engine(fork_standbys: bool = False, client_pid: int | None = None) -> in
             POOL.refill(world)
     if client_pid is not None:
         watch_client(client_pid)  # the first thread: after the forks
+    retry_refused_connections()
     try:
         with _api_secret():
             runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def retry_refused_connections() -> None:
+    """Every Prefect HTTP client of this process retries a refused
+    connection, with Prefect's own backoff (`PREFECT_CLIENT_MAX_RETRIES`).
+    Prefect's client retries one only once that client has connected
+    (`_has_connected`, so that a wrong URL fails fast), and the engine makes
+    fresh clients as it goes: a server killed just after this process found
+    it listening (`wait_for_api`) ended the run at the engine's next request
+    (Ray chaos, seed 3: an admitted run crashed at iteration 0, 7 s after a
+    server kill, while `up` restarted the server). Here the URL is known
+    good, so a refused connection is a restart. Prefect 3.9.1's private
+    attribute: tests/runtime/test_boot_waits.py fails if it goes."""
+    from prefect.client.base import PrefectHttpxAsyncClient, PrefectHttpxSyncClient
+
+    for client in (PrefectHttpxAsyncClient, PrefectHttpxSyncClient):
+        if getattr(client, "_elasticflow_retries_refused", False):
+            continue
+        init = client.__init__
+
+        def connected_init(self: object, *args: object, _init: object = init, **kwargs: object) -> None:
+            _init(self, *args, **kwargs)  # type: ignore[operator]
+            self._has_connected = True  # type: ignore[attr-defined]
+
+        client.__init__ = connected_init  # type: ignore[method-assign]
+        client._elasticflow_retries_refused = True  # type: ignore[attr-defined]
 
 
 def _api_secret() -> contextlib.AbstractContextManager[object]:

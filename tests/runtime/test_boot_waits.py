@@ -59,3 +59,23 @@ def test_a_flow_process_started_while_its_server_is_down_waits_for_it_and_trains
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(run_id).state
     assert state is not None and state.is_completed(), state
+
+
+def test_a_flow_process_whose_server_dies_just_after_it_found_it_listening_retries_and_trains(
+        prefect_api: str, tmp_path: Path) -> None:
+    """Ray chaos, seed 3: the server was killed as a flow process started; it
+    had found the server listening, and the engine's next request, from a
+    fresh client, was refused and not retried: the run crashed at iteration
+    0. Now every client of the flow process retries a refused connection."""
+    from prefect.client.orchestration import get_client
+
+    run_id = asyncio.run(_flow_run(prefect_api, tmp_path / "checkpoints"))
+    with slow_server(prefect_api, delay_s=0.0, blink_s=DOWN_S) as blinking:
+        env = {**os.environ, "PREFECT_API_URL": blinking, "PREFECT__FLOW_RUN_ID": run_id,
+               "ELASTICFLOW_HOME": str(tmp_path / "home")}
+        done = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run_id).state
+    assert state is not None and state.is_completed(), state

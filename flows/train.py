@@ -169,7 +169,7 @@ def train(
     run_key = str(flow_run.id or uuid.uuid4())
 
     def tracker(total: int, channel: FileControlChannel) -> PrefectProgress:
-        logger.info(
+        logger.debug(  # the worker's lines tell a person what runs where; this is the operator's
             "training %s for %d iterations; run key %s; control channel %s",
             params.model,
             total,

@@ -100,7 +100,7 @@ class Segment:
         self.procs = self.pool.take(len(self.gpus))
         self.logs = [self.dir / f"rank{order.rank}.log" for order in self.orders]
         self._hand_over(self.procs, self.orders, joins=False)
-        log.info("segment started run_key=%s gpus=%s port=%d dir=%s", self.spec.run_key, self.gpus, port, self.dir)
+        log.debug("segment started run_key=%s gpus=%s port=%d dir=%s", self.spec.run_key, self.gpus, port, self.dir)
 
     def _hand_over(self, procs: list[Worker], orders: list[RankOrder], joins: bool) -> None:
         for order, proc in zip(orders, procs):
@@ -146,7 +146,7 @@ class Segment:
         self.procs = [self.procs[r] for r in stay] + joiners
         self.spec, self.gpus, self.orders, self.paused = spec, new_gpus, orders, None
         self._await_exit(leavers)
-        log.info("segment resized in place run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
+        log.debug("segment resized in place run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
                  spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
         return True
 

@@ -127,10 +127,11 @@ class ProgressTracker:
                 self.channel.publish_status({**snap.model_dump(mode="json"), "event": event, **(extra or {})})
             except OSError as exc:
                 log.warning("cannot write status file run_key=%s error=%s", self.run_key, exc)
-        # Routine progress is the artifact's, the labels' and the status file's: 97 of a
-        # 150-iteration run's 130 log lines were it, burying the decision and the resizes.
-        log.log(
-            logging.DEBUG if event == "progress" else logging.INFO,
+        # Progress is the artifact's, the labels' and the status file's: 97 of a 150-iteration
+        # run's 130 log lines were it, burying the decision and the resizes. What a person acts
+        # on is said where it happens: a change of GPUs and the outcome by the worker, with why,
+        # a failing save by `saves_changed`.
+        log.debug(
             "training %s run_key=%s iteration=%d/%d loss=%s it_per_s=%s gpus=%s",
             event,
             self.run_key,

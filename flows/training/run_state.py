@@ -111,7 +111,7 @@ class RunState:
         self.override, self.cause, self.where = list(command.gpus or []), "control", command.placement
         self.unacked = ControlAck(seq=command.seq, iteration=self.iteration, gpus=self.override,
                                   placement=command.placement)
-        log.info("control command applied run_key=%s seq=%d gpus=%s", self.run_key, command.seq, self.override)
+        log.debug("control command applied run_key=%s seq=%d gpus=%s", self.run_key, command.seq, self.override)
         return True
 
     def let_go(self, segment: RunningSegment, result: SegmentResult) -> bool:

@@ -213,8 +213,8 @@ class ControlLoop:
             return []
         run.report(event.iteration, event.gpus, event.iterations_per_s, event.projected_finish, event.save_error)
         resized = run.resized_in(now)
-        if resized is not None and run.in_place:
-            self.start_cost.resized_in_place(resized)
+        if resized is not None:
+            self.start_cost.resized(resized, run.in_place)
         if not run.first_iteration_since_launch():
             return []
         assert run.launched_at is not None

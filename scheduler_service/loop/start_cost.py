@@ -10,8 +10,11 @@ service expects of one.
 A resize that keeps some of a run's GPUs is made in place (no checkpoint,
 the ranks that stay keep their processes) and costs a fraction of a
 restart. The change under way is charged what it costs (`charge`): a resize
-in place its own cost, raised to the longest of the last ten seen, since a
-charge under what it takes would let its plan run late.
+in place its own cost, a restart from a checkpoint (a parked run placed
+again, a move to other GPUs) the plans' charge, each raised to the longest
+of the last ten seen, since a charge under what it takes would let its plan
+run late (Ray chaos, seed 3: restarts charged 2.5 s took 10-25 s on a loaded
+machine, and a run with 85 s to its deadline was moved twice and missed).
 """
 
 from __future__ import annotations
@@ -42,18 +45,20 @@ class StartCost:
         self.learn = launch_s is None  # a value the operator set is kept as is
         self.starts: deque[float] = deque(maxlen=SEEN)  # seconds from launch to first iteration
         self.in_place: deque[float] = deque(maxlen=SEEN)  # a resize in place: command to first iteration
+        self.restarts: deque[float] = deque(maxlen=SEEN)  # a restart from a checkpoint: the same
         self._warned_s = 0.0
 
     def charge(self, gpus: int, in_place: bool) -> float:
         """What a change of GPU set to `gpus` GPUs costs the run: a restart,
         or, when it keeps some of its GPUs, a resize in place."""
         if not in_place:
-            return self.restart_cost(gpus)
+            return max(self.restart_cost(gpus), max(self.restarts, default=0.0))
         return max(self.in_place_cost(gpus), max(self.in_place, default=0.0))
 
-    def resized_in_place(self, took_s: float) -> None:
-        """A resize in place reached its first iteration on the new set `took_s` after it was commanded."""
-        self.in_place.append(took_s)
+    def resized(self, took_s: float, in_place: bool) -> None:
+        """A change of GPU set reached its first iteration on the new set
+        `took_s` after it was commanded: in place, or from a checkpoint."""
+        (self.in_place if in_place else self.restarts).append(took_s)
 
     def reserve(self) -> float:
         """Seconds kept in front of a new run's deadline for its start, beyond

@@ -68,7 +68,7 @@ def test_every_start_is_said_and_a_restarted_loop_recalls_them_before_it_plans()
 def test_a_resize_in_place_is_charged_its_own_cost_raised_to_the_longest_seen() -> None:
     cost = StartCost(lambda gpus: 2.5, launch_s=None, in_place_cost=lambda gpus: 1.0)
     assert (cost.charge(2, in_place=False), cost.charge(2, in_place=True)) == (2.5, 1.0)
-    cost.resized_in_place(1.6)
+    cost.resized(1.6, in_place=True)
     assert (cost.charge(2, in_place=False), cost.charge(2, in_place=True)) == (2.5, 1.6)
 
 
@@ -92,6 +92,12 @@ def test_the_loop_charges_a_resize_that_keeps_gpus_as_in_place_and_learns_what_i
     run.retarget((2, 3))  # none of its GPUs: a restart from its checkpoint
     d.step(T0 + 1.3)
     assert d.commands["a"].gpus == (2, 3) and not run.in_place
+    assert d.loop.start_cost.charge(2, in_place=False) == 0.25 * 2 + 0.5  # nothing seen of a restart yet
+    d.ack("a", T0 + 2.0)
+    d.report("a", T0 + 21.3, 7, (2, 3))  # a restart on a loaded machine: 20 s from the command
+    # Charged what it took from now on (Ray chaos, seed 3: restarts charged 2.5 s took 10-25 s).
+    assert d.loop.start_cost.charge(2, in_place=False) == pytest.approx(20.0)
+    assert d.loop.start_cost.charge(1, in_place=True) == pytest.approx(0.6)  # in place: its own
 
 
 def test_a_deadline_the_work_meets_but_not_the_start_here_is_rejected_as_sooner_than_start_up() -> None:

@@ -147,7 +147,7 @@ class Segment:
         self.spec, self.gpus, self.orders, self.paused = spec, new_gpus, orders, None
         self._await_exit(leavers)
         log.debug("segment resized in place run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
-                 spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
+                  spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
         return True
 
     def release(self) -> SegmentResult | None:

@@ -132,7 +132,7 @@ class RaySegment:
         spec_json = _remote_spec(self.spec)
         self.refs = [actor.run.remote(spec_json, order) for actor, order in zip(self.actors, self.orders)]
         log.debug("segment started on Ray run_key=%s gpus=%s nodes=%s master=%s:%d", self.spec.run_key, self.gpus,
-                 ",".join(self.nodes), master_ip, port)
+                  ",".join(self.nodes), master_ip, port)
 
     def regroup(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None = None) -> bool:
         """Go on in place on `gpus` at `placement` (regroup.py): the actors on

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,10 +17,24 @@ from tests.service.offline import Entry, FlowRun, offline_worker
 T0 = 1_000_000.0
 
 
+async def _running(worker: Any, run_id: str) -> Any:
+    """Take in a one-hour mlp run, decide it and acknowledge its launch: the command it runs under."""
+    from flows.training.control import ControlAck, FileControlChannel
+
+    await worker.take_in.take([Entry(FlowRun({"model": "mlp", "iterations": 100_000, "deadline": "+1h"},
+                                             run_id=run_id))], T0)
+    await worker.decide(T0)
+    channel = FileControlChannel(run_id, worker.settings.home / "control")
+    command = channel.latest()
+    assert command is not None and command.gpus
+    channel.acknowledge(ControlAck(seq=command.seq, iteration=0, gpus=command.gpus))
+    await worker.decide(T0 + 1)
+    return command
+
+
 def test_a_running_run_stays_running_with_one_decision_when_the_nodes_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows.training.control import ControlAck, FileControlChannel
     from scheduler_service.loop.events import ClusterChanged
     from scheduler_service.store import save_curve
 
@@ -28,14 +43,7 @@ def test_a_running_run_stays_running_with_one_decision_when_the_nodes_change(
     run_id = "00000001"
 
     async def drive() -> None:
-        await worker.take_in.take([Entry(FlowRun({"model": "mlp", "iterations": 100_000, "deadline": "+1h"},
-                                                 run_id=run_id))], T0)
-        await worker.decide(T0)
-        channel = FileControlChannel(run_id, worker.settings.home / "control")
-        command = channel.latest()
-        assert command is not None and command.gpus
-        channel.acknowledge(ControlAck(seq=command.seq, iteration=0, gpus=command.gpus))
-        await worker.decide(T0 + 1)
+        await _running(worker, run_id)
         assert worker.reporter.store.jobs()[0].status == RunPhase.RUNNING.value
         # The same two slots, found again: every run is re-planned as after a restart.
         topology = worker.loop.topology
@@ -55,7 +63,6 @@ def test_the_store_follows_a_running_runs_gpus_to_their_new_ids_and_drops_those_
     the node that joined took that id, another run was given it, and the
     store (and a restarted worker, which adopts from it) had one GPU held by
     two runs."""
-    from flows.training.control import ControlAck, FileControlChannel
     from scheduler_service.contracts import AllocationAction
     from scheduler_service.loop.events import ClusterChanged
     from scheduler_service.readmodel import report
@@ -67,19 +74,13 @@ def test_the_store_follows_a_running_runs_gpus_to_their_new_ids_and_drops_those_
 
     home = tmp_path / "home"
     home.mkdir()
-    worker = offline_worker(home, monkeypatch, store=ServiceStore(create_engine(f"sqlite:///{home / 'elasticflow.db'}")))
+    store = ServiceStore(create_engine(f"sqlite:///{home / 'elasticflow.db'}"))  # a file: `report` reads it
+    worker = offline_worker(home, monkeypatch, store=store)
     save_curve("mlp", 32, {1: 100.0})  # one GPU is all it uses
     run_id = "00000002"
 
     async def drive() -> tuple[int, ...]:
-        await worker.take_in.take([Entry(FlowRun({"model": "mlp", "iterations": 100_000, "deadline": "+1h"},
-                                                 run_id=run_id))], T0)
-        await worker.decide(T0)
-        channel = FileControlChannel(run_id, worker.settings.home / "control")
-        command = channel.latest()
-        assert command is not None and command.gpus
-        channel.acknowledge(ControlAck(seq=command.seq, iteration=0, gpus=command.gpus))
-        await worker.decide(T0 + 1)
+        command = await _running(worker, run_id)
         topology = worker.loop.topology
         # The nodes found again in the other order: the same GPU has the other id.
         swap = {g: topology.num_gpus - 1 - g for g in range(topology.num_gpus)}

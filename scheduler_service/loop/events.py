@@ -82,6 +82,15 @@ class Ended:
 
 
 @dataclass(frozen=True, slots=True)
+class Leaving:
+    """A running run was cancelled and Prefect is stopping its process: it
+    gets no GPU and gives none up while it ends (a grow sent now would be
+    told on the page of a run that is going)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class CancelRequested:
     """A running run was cancelled and nothing else stops it: tell it to stop."""
 
@@ -123,5 +132,5 @@ class ProfileFailed:
     message: str
 
 
-Event = (Arrived | Adopted | StartsRecalled | Progress | Acknowledged | Ended | CancelRequested | ClusterChanged
-         | Reserved | Unreserved | ProfileFailed)
+Event = (Arrived | Adopted | StartsRecalled | Progress | Acknowledged | Ended | Leaving | CancelRequested
+         | ClusterChanged | Reserved | Unreserved | ProfileFailed)

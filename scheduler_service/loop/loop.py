@@ -47,6 +47,7 @@ from scheduler_service.loop.events import (
     ClusterChanged,
     Ended,
     Event,
+    Leaving,
     ProfileFailed,
     Progress,
     Reserved,
@@ -160,10 +161,15 @@ class ControlLoop:
                     return [HoldsNoGpus(run.run_id)]
             case Ended():
                 return self._ended(event.run_id)
+            case Leaving():
+                run = self.runs.get(event.run_id)
+                if run is not None and run.phase == RunPhase.RUNNING and run.leave():
+                    self.gone.append(run.run_id)  # its deadline no longer holds anyone back
             case CancelRequested():
                 run = self.runs.get(event.run_id)
-                if run is not None and run.phase == RunPhase.RUNNING and not run.stopping:
-                    self.gone.append(run.run_id)  # its deadline no longer holds anyone back
+                if run is not None and run.phase == RunPhase.RUNNING and not run.told_to_stop:
+                    if not run.stopping:
+                        self.gone.append(run.run_id)
                     return [Stop(run.run_id, run.stop())]
             case ClusterChanged():
                 return self._rebase(event)

@@ -36,7 +36,7 @@ class RiskRule:
         at every poll), so only runs with news are assessed."""
         changes: list[Action] = []
         for run in runs:
-            if run.phase != RunPhase.RUNNING or not run.news:
+            if run.phase != RunPhase.RUNNING or not run.news or run.stopping:  # a cancelled one has no outlook
                 continue
             run.assessed()
             finish = run.projected_finish(now)  # samples its rate, for every running run

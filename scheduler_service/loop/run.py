@@ -86,7 +86,8 @@ class LoopRun:
         self.since = 0.0  # last (re)start: the restart overhead is paid from here
         self.share: int | None = None
         self.adopted = False  # admitted by an earlier life of the service: never rejected now
-        self.stopping = False  # told to stop (it was cancelled): never commanded again
+        self.stopping = False  # cancelled: planned and commanded no more, it holds its GPUs until it ends
+        self.told_to_stop = False  # and sent a stop on its channel (nothing of Prefect's stops it)
         self.speed_ratio = 1.0  # its measured speed over its profile's, as the plans use it
         self.measured_ratio: float | None = None  # the same, smoothed, faster or slower: its speed error
         self.guarantee_lost = False  # told it can no longer make its deadline
@@ -187,10 +188,18 @@ class LoopRun:
         self.held = tuple(sorted(set(self.held) | set(gpus)))
         return self.command(gpus, now)
 
+    def leave(self) -> bool:
+        """Cancelled: planned no more and never commanded again, so no GPU is
+        given to it or taken from it while its process ends. True the first time."""
+        first = not self.stopping
+        self.stopping, self.target = True, ()
+        return first
+
     def stop(self) -> int:
-        """Told to checkpoint and end: never commanded again, and planned no more."""
+        """Told to checkpoint and end (and left, as `leave`)."""
+        self.leave()
         self.seq += 1
-        self.pending_seq, self.stopping, self.target = self.seq, True, ()
+        self.pending_seq, self.told_to_stop = self.seq, True
         return self.seq
 
     def acknowledge(self, seq: int, gpus: tuple[int, ...]) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -35,6 +36,15 @@ log = logging.getLogger("prefect.workers.elasticflow.stopping")  # shown with th
 # within a second or two, within tens on a machine loaded far past its cores.
 FINAL_GRACE_S = 30.0
 FINAL = (StateType.COMPLETED, StateType.CANCELLED, StateType.CRASHED, StateType.FAILED)
+
+
+@dataclass
+class Stopping:
+    """Running runs being stopped from outside, as one poll found them."""
+
+    leaving: list[str] = field(default_factory=list)  # Cancelling: Prefect stops them; no GPU moves meanwhile
+    stop: list[str] = field(default_factory=list)  # to tell to stop now: nothing of Prefect's does
+    gone: list[str] = field(default_factory=list)  # no process (gone, or never started): to end, GPUs freed
 
 
 class PrefectWatch:
@@ -118,14 +128,14 @@ class PrefectWatch:
                 done.append(run_id)
         return done
 
-    async def cancelling(self, running: dict[str, bool], now: float) -> tuple[list[str], list[str]]:
-        """Running runs left `Cancelling` (adopted ones, or cancelled as they
-        launched: see cancellation.py), or already in a final state while
-        the service still has them running (set from outside through the API:
-        Completed, Cancelled, Crashed, Failed; or crashed by Prefect itself),
-        by id -> whether an earlier worker launched it: the runs to tell to
-        stop now, and those whose process is gone or never started (to be
-        ended, their GPUs freed). Signals are the backend's to send."""
+    async def cancelling(self, running: dict[str, bool], now: float) -> Stopping:
+        """Running runs `Cancelling` (Prefect's own worker stops those it
+        launched; adopted ones, or ones cancelled as they launched, are left:
+        see cancellation.py), or already in a final state while the service
+        still has them running (set from outside through the API: Completed,
+        Cancelled, Crashed, Failed; or crashed by Prefect itself), by id ->
+        whether an earlier worker launched it. Signals are the backend's to
+        send."""
         from prefect.client.schemas.filters import (
             FlowRunFilter,
             FlowRunFilterId,
@@ -134,16 +144,16 @@ class PrefectWatch:
         )
         for run_id in [r for r in self._final_seen if r not in running]:
             del self._final_seen[run_id]
+        found = Stopping()
         if not running:
-            return [], []
+            return found
         try:
             flow_runs = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[UUID(r) for r in running]),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING, *FINAL]))))
         except Exception:
             log.warning("could not read which runs are cancelling", exc_info=True)
-            return [], []
-        stop, gone = [], []
+            return found
         for flow_run in flow_runs:
             run_id = str(flow_run.id)
             if run_id not in running:  # ended while we read
@@ -159,6 +169,8 @@ class PrefectWatch:
                 if flow_run.infrastructure_pid and now - seen < FINAL_GRACE_S:
                     continue
                 adopted = True  # nothing of Prefect's will stop it: at once
+            if not final:
+                found.leaving.append(run_id)
             message = state.message if state is not None else None
             if final:
                 message = f"set {state.name} from outside" + (f": {message}" if message else "")  # type: ignore[union-attr]
@@ -170,15 +182,15 @@ class PrefectWatch:
             said = f"is {state.name} in Prefect while it runs" if final else "is Cancelling"  # type: ignore[union-attr]
             if step is StopStep.STOP:
                 log.info("flow run %s %s and Prefect's worker does not stop it: told it to stop", run_id, said)
-                stop.append(run_id)
+                found.stop.append(run_id)
             elif step in (StopStep.TERMINATED, StopStep.KILLED):
                 log.warning("flow run %s %s and did not stop when told: %s its process", run_id, said, step.value)
             elif step is StopStep.GONE and ((not final) if running[run_id] else (final and not flow_run.infrastructure_pid)):
                 # An adopted run's process is gone (a final one: `ended` says so), or
                 # Prefect ended a run of ours before its process started (none will exit).
                 log.warning("flow run %s %s and has no process: its GPUs are freed", run_id, said)
-                gone.append(run_id)
-        return stop, gone
+                found.gone.append(run_id)
+        return found
 
     async def still_to_launch(self, flow_run: Any) -> bool:
         """False for a run cancelled (or ended by hand) since we made it Pending:

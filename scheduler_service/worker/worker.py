@@ -29,7 +29,7 @@ from flows.training.launch import LaunchSpec
 from flows.training.pause import stack_stopping, stopped_at
 from scheduler_service.contracts import EventName, RejectionReason, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
-from scheduler_service.loop.events import CancelRequested, Ended, Event, ProfileFailed, StartsRecalled
+from scheduler_service.loop.events import CancelRequested, Ended, Event, Leaving, ProfileFailed, StartsRecalled
 from scheduler_service.loop.start_cost import SEEN
 from scheduler_service.policy.topology import kinds_of
 from scheduler_service.text import one_line_logs
@@ -228,8 +228,10 @@ class ElasticFlowWorker(ProcessWorker):
         events += [Ended(run_id) for run_id in await self.watch.vanished(waiting, scheduled)]
         foreign = [run_id for run_id, run in running.items() if run.foreign_process]
         ended = await self.watch.ended(foreign)
-        stop, gone = await self.watch.cancelling({i: run.foreign_process for i, run in running.items()}, now)
-        events += [Ended(run_id) for run_id in [*ended, *gone]] + [CancelRequested(run_id) for run_id in stop]
+        stopping = await self.watch.cancelling({i: run.foreign_process for i, run in running.items()}, now)
+        events += [Leaving(run_id) for run_id in stopping.leaving]
+        events += [Ended(run_id) for run_id in [*ended, *stopping.gone]]
+        events += [CancelRequested(run_id) for run_id in stopping.stop]
         outcomes, reservations = self.profiler.poll(now, self.loop, self.loop.topology.max_job_gpus)
         events += reservations
         for outcome in outcomes:

@@ -5,7 +5,16 @@ its old holder acknowledged giving it up."""
 from __future__ import annotations
 
 from scheduler_service.loop.actions import Admitted, Launch, Park, HoldsNoGpus, Rescale, Stop
-from scheduler_service.loop.events import Acknowledged, Adopted, CancelRequested, Ended, Progress, Reserved, Unreserved
+from scheduler_service.loop.events import (
+    Acknowledged,
+    Adopted,
+    CancelRequested,
+    Ended,
+    Leaving,
+    Progress,
+    Reserved,
+    Unreserved,
+)
 from tests.loop.driver import T0, Driver, job
 
 
@@ -61,6 +70,27 @@ def test_a_run_told_to_stop_holds_its_gpus_until_it_acknowledges_and_is_never_co
     (release,) = d.handle(Ended("a"), T0 + 3)
     assert release.launched  # type: ignore[union-attr]
     assert d.handle(CancelRequested("a"), T0 + 4) == []
+
+
+def test_a_run_prefect_is_stopping_is_neither_grown_nor_shrunk_and_can_still_be_told_to_stop() -> None:
+    """A cancelled run shrank for another; that one ended just as Prefect
+    began stopping the first. The page of a run being cancelled said
+    "resized: now on 2 GPUs" after "Flow run was cancelled": the loop grew it."""
+    d = _alone_on_both()
+    d.arrive(job("b", T0 + 2, 20 * 36, T0 + 2 + 44))
+    now, actions = T0 + 2, d.step(T0 + 2)
+    while "a" not in d.new(actions, Rescale) and now < T0 + 12:
+        now += 2
+        actions = d.step(now)
+    d.ack("a", now, iteration=100)
+    d.step(now)
+    assert d.handle(Leaving("a"), now) == []
+    d.handle(Ended("b"), now + 1)
+    for later in (now + 2, now + 4, now + 6):
+        assert not [a for a in d.step(later) if getattr(a, "run_id", None) == "a"]  # no grow: it is going
+    (stop,) = d.handle(CancelRequested("a"), now + 50)  # Prefect did not stop it: the worker tells it to
+    assert isinstance(stop, Stop)
+    assert d.handle(Leaving("a"), now + 51) == [] and d.handle(CancelRequested("a"), now + 51) == []
 
 
 def test_a_run_cancelled_while_no_worker_watched_is_adopted_only_to_be_stopped() -> None:

@@ -29,7 +29,7 @@ async def _flow_run(state: Any) -> str:
         return str(run.id)
 
 
-async def _cancelling(running: dict[str, bool], now: float) -> tuple[list[str], list[str]]:
+async def _cancelling(running: dict[str, bool], now: float) -> tuple[Any, Any]:
     from prefect.client.orchestration import get_client
 
     from scheduler_service.worker.backend import LocalProcesses
@@ -39,7 +39,7 @@ async def _cancelling(running: dict[str, bool], now: float) -> tuple[list[str], 
         watch = PrefectWatch(client, LocalProcesses(warm_start=False))
         first = await watch.cancelling(running, now)
         later = await watch.cancelling(running, now + FINAL_GRACE_S + 1)
-        return first + later  # type: ignore[return-value]
+        return first, later
 
 
 def test_a_final_state_set_from_outside_stops_a_live_process_and_ends_one_never_started(prefect_api: str) -> None:
@@ -52,10 +52,10 @@ def test_a_final_state_set_from_outside_stops_a_live_process_and_ends_one_never_
         asyncio.run(_set_pid(live, process.pid))
         never = asyncio.run(_flow_run(Crashed(message="EventTooLarge")))
         cancelling = asyncio.run(_flow_run(Cancelling()))  # Prefect's own cancellation: left to it here
-        stop_now, gone_now, stop_later, gone_later = asyncio.run(
-            _cancelling({live: False, never: False, cancelling: False}, time.time()))
-        assert gone_now == [never] and stop_now == []  # a live process: its own end is given its grace
-        assert stop_later == [live] and gone_later == [never]
+        now, later = asyncio.run(_cancelling({live: False, never: False, cancelling: False}, time.time()))
+        assert now.gone == [never] and now.stop == []  # a live process: its own end is given its grace
+        assert later.stop == [live] and later.gone == [never]
+        assert now.leaving == later.leaving == [cancelling]  # Prefect stops it; the loop leaves its GPUs be
         assert process.poll() is None  # told on its control channel first; the signals follow
     finally:
         process.kill()

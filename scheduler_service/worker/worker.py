@@ -257,7 +257,7 @@ class ElasticFlowWorker(ProcessWorker):
                 "lost": change.gone, "joined": change.joined, "topology": changed.describe()},
                 nodes=[*change.gone, *change.joined])
             events.append(change.event)
-        return events, [*ended, *gone]
+        return events, [*ended, *stopping.gone]
 
     async def decide(self, now: float, events: list[Event] | None = None) -> Applied:
         """Tell the loop what happened, step it, and carry out what it decides."""

@@ -1,6 +1,6 @@
 """An ML pipeline with an SLA: prepare data -> train -> evaluate -> register.
 
-Deployed as `pipeline/daily` (entrypoint `flows/pipeline.py:daily_pipeline`) in
+Deployed as `pipeline/daily` (entrypoint `flows.pipeline.daily_pipeline`) in
 the elasticflow work pool, every day at 01:00 UTC with `sla="06:00Z"`: the
 registered model is due at the next 06:00 UTC. The pipeline never names GPUs:
 `train_model` derives the training deadline from the SLA minus the time

@@ -24,7 +24,7 @@ def test_prefect_yaml_declares_train_per_model_and_the_daily_pipeline() -> None:
     from scheduler_service.stack.deployments import MODELS
 
     configs = _prefect_yaml()
-    trains = [c for c in configs if c["entrypoint"] == "flows/train.py:train"]
+    trains = [c for c in configs if c["entrypoint"] == "flows.train.train"]
     assert sorted(c["name"] for c in trains) == sorted(MODELS)
     models = [c for c in trains if ":" not in c["parameters"]["model"]]
     assert all(c["parameters"] == {"model": c["name"]} for c in models)
@@ -36,7 +36,7 @@ def test_prefect_yaml_declares_train_per_model_and_the_daily_pipeline() -> None:
     for parameters in tasks.values():  # what `prefect deployment run train/<name>` submits is a valid run
         TrainParameters.model_validate(parameters, context={"import_models": False})
     (daily,) = [c for c in configs if c["name"] == "daily"]
-    assert daily["entrypoint"] == "flows/pipeline.py:daily_pipeline" and daily["work_pool"]["name"] == "gpus"
+    assert daily["entrypoint"] == "flows.pipeline.daily_pipeline" and daily["work_pool"]["name"] == "gpus"
 
 
 def test_the_example_trigger_is_a_valid_deployment_trigger_on_the_at_risk_event() -> None:

@@ -6,6 +6,12 @@ same definitions from Python (here), so there is one source of truth. Users
 name a model, its hyperparameters and a deadline; never a GPU count:
 
     prefect deployment run train/mlp --param iterations=200 --param deadline=+10m
+
+Entrypoints are module paths (`flows.train.train`) and no pull step is
+given: the flow process imports the installed package, so nothing is copied
+or changed directory into, and a run's page does not open with four lines
+of pull steps (nor repeat them when Prefect loads the flow for its
+cancellation hooks).
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PREFECT_YAML = PROJECT_ROOT / "prefect.yaml"
-ENTRYPOINT = "flows/train.py:train"
-PIPELINE_ENTRYPOINT = "flows/pipeline.py:daily_pipeline"
+ENTRYPOINT = "flows.train.train"
+PIPELINE_ENTRYPOINT = "flows.pipeline.daily_pipeline"
 
 
 @cache
@@ -77,19 +83,19 @@ def deploy(pool: str, models: Iterable[str] = MODELS, parameters: dict[str, Any]
     task's model, dataset and loss); any other is taken for a model (a
     user's own) and deployed like the others.
     """
-    from prefect import flow
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.train import train
 
     known = _train_definitions()
     ids: dict[str, str] = {}
     for model in models:
         spec = known.get(model) or {**next(iter(known.values())), "parameters": {"model": model}}
-        train = flow.from_source(source=str(PROJECT_ROOT), entrypoint=ENTRYPOINT)
-        deployment_id = train.deploy(  # type: ignore[union-attr]
+        deployment = train.to_deployment(
             name=model, work_pool_name=pool, parameters={**spec["parameters"], **(parameters or {})},
             job_variables=spec["work_pool"].get("job_variables"), description=spec["description"],
-            print_next_steps=False, ignore_warnings=True,
-        )
-        ids[f"train/{model}"] = str(deployment_id)
+            entrypoint_type=EntrypointType.MODULE_PATH)
+        ids[f"train/{model}"] = str(deployment.apply(work_pool_name=pool))
     return ids
 
 
@@ -104,17 +110,17 @@ def deploy_pipeline(
     elasticflow worker launches it as a plain process and schedules only the
     `train/<model>` run it submits.
     """
-    from prefect import flow
+    from prefect.deployments.runner import EntrypointType
     from prefect.events import DeploymentEventTrigger
     from prefect.schedules import Cron
 
+    from flows.pipeline import daily_pipeline
+
     spec = _pipeline_definition()
-    pipeline = flow.from_source(source=str(PROJECT_ROOT), entrypoint=PIPELINE_ENTRYPOINT)
-    deployment_id = pipeline.deploy(  # type: ignore[union-attr]
+    deployment = daily_pipeline.to_deployment(
         name=spec["name"], work_pool_name=pool, parameters={**spec["parameters"], "sla": sla},
         job_variables=spec["work_pool"].get("job_variables"), description=spec["description"],
         schedule=Cron(cron, timezone=timezone, active=spec["schedules"][0].get("active", True)), paused=paused,
         triggers=[DeploymentEventTrigger(**trigger) for trigger in spec.get("triggers", [])],
-        print_next_steps=False, ignore_warnings=True,
-    )
-    return str(deployment_id)
+        entrypoint_type=EntrypointType.MODULE_PATH)
+    return str(deployment.apply(work_pool_name=pool))

@@ -69,6 +69,12 @@ class ProgressTracker:
         )
 
     # Hooks called by the runtime.
+    def starts_at(self, iteration: int) -> None:
+        """Where the run stands before any segment: its checkpoint. A run
+        resumed at its last iteration trains nothing, and said "completed at
+        iteration 0": the worker took that for a run stopped short."""
+        self.iteration = iteration
+
     def segment_started(self, gpus: list[int], iteration: int) -> None:
         self.gpus, self.iteration = list(gpus), iteration
         self._window.clear()  # a new GPU count means a new rate

@@ -86,6 +86,7 @@ class Training:
         self.device = default_device(params.device)
         storage = CheckpointStorage(self.checkpoint_url, keep=params.keep_checkpoints)
         self.run = RunState(params, run_key, channel, storage, park_poll_s)
+        self.tracker.starts_at(self.run.iteration)
         self.ranks = ranks_for(params.ray_address, run_key, channel, _local_identity(params, run_key, channel, storage))
         self.termination = Termination()
         self.trained = False  # the last segment launched did at least one iteration

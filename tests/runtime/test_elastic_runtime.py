@@ -99,6 +99,21 @@ def test_stop_command_checkpoints_and_ends_the_run(make_params: Callable[..., Tr
     assert_same_trajectory(result.losses, reference()[: result.iterations])
 
 
+def test_a_run_resumed_at_its_last_iteration_reports_it_and_trains_nothing(
+    make_params: Callable[..., TrainParameters],
+) -> None:
+    """A stop of the stack caught a run that had trained its last iteration
+    but not yet exited; resumed, it said "completed" at iteration 0, and the
+    worker recorded it stopped after 0 iterations while Prefect said Completed."""
+    params = make_params(iterations=8, checkpoint_interval=4)
+    assert run_training(params, "again").iterations == 8
+    channel = FileControlChannel("again", params.control_dir)
+    result = run_training(params, "again")
+    assert (result.status, result.iterations) == ("completed", 8)
+    status = channel.status()
+    assert status is not None and (status.iteration, status.total_iterations) == (8, 8)
+
+
 def test_sigterm_to_the_flow_process_checkpoints_then_defers_to_the_old_handler(
     make_params: Callable[..., TrainParameters], reference: Any
 ) -> None:

@@ -1,8 +1,9 @@
 """The `train` Prefect flow: elastic DDP training on the GPU set it is given.
 
-Deployed with entrypoint `flows.train.train` (a module path: no pull step). Parameters are validated by
-`TrainParameters` before anything starts; each training segment is a Prefect
-task; progress shows as an artifact, labels and `elasticflow.training.*` events.
+Deployed with entrypoint `flows.train.train` (a module path: no pull step).
+Parameters are validated by `TrainParameters` before anything starts; each
+training segment is a Prefect task; progress shows as an artifact, labels and
+`elasticflow.training.*` events.
 The scheduler steers a running flow through the file control channel (see
 docs/training.md), never through database credentials.
 """

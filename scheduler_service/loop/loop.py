@@ -162,14 +162,10 @@ class ControlLoop:
             case Ended():
                 return self._ended(event.run_id)
             case Leaving():
-                run = self.runs.get(event.run_id)
-                if run is not None and run.phase == RunPhase.RUNNING and run.leave():
-                    self.gone.append(run.run_id)  # its deadline no longer holds anyone back
+                self._leave(event.run_id)
             case CancelRequested():
-                run = self.runs.get(event.run_id)
-                if run is not None and run.phase == RunPhase.RUNNING and not run.told_to_stop:
-                    if not run.stopping:
-                        self.gone.append(run.run_id)
+                run = self._leave(event.run_id)
+                if run is not None and not run.told_to_stop:
                     return [Stop(run.run_id, run.stop())]
             case ClusterChanged():
                 return self._rebase(event)
@@ -180,6 +176,15 @@ class ControlLoop:
             case ProfileFailed():  # never arrived: decided here, by the loop, as every run is
                 return [Rejected(event.run_id, event.reason, event.message, None, None)]
         return []
+
+    def _leave(self, run_id: str) -> LoopRun | None:
+        """A running run was cancelled: planned no more (once); None if it is not running."""
+        run = self.runs.get(run_id)
+        if run is None or run.phase != RunPhase.RUNNING:
+            return None
+        if run.leave():
+            self.gone.append(run_id)  # its deadline no longer holds anyone back
+        return run
 
     def _margin_for(self, job: Job) -> SafetyMargin:
         """The room a new run keeps in front of its deadline: learnt from how

@@ -12,7 +12,9 @@ shipped loop on the exact cluster (`ratio_noiseless`).
 
 Prints one JSON line per noise level; the target level's (sigma 0.2) last.
 Writes docs/img/noise.png.
-Run: .venv/bin/python bench/noise.py [--sigma 0.2] [--trace dev102] [--workers 2]
+`--no-slow`: the runs' own speed errors alone, no slow periods (what the slow
+nodes cost, told apart).
+Run: .venv/bin/python bench/noise.py [--sigma 0.2] [--trace dev102] [--workers 2] [--no-slow]
 """
 
 from __future__ import annotations
@@ -38,14 +40,14 @@ MISSED_AT_MOST = 0.005  # of admitted deadline jobs
 RATIO_WITHIN = 0.02  # of the noiseless run
 
 
-def run_one(task: tuple[tuple[str, str, str, str, float], float, bool, int]) -> dict:
+def run_one(task: tuple[tuple[str, str, str, str, float], float, bool, int, bool]) -> dict:
     from scheduler_service.simulator.experiment import Experiment
     from scheduler_service.simulator.noise import Noise, SlowPeriods
     from scheduler_service.simulator.service import Actuation, ServiceOptions
 
-    (name, trace, cluster, gpu, interval), sigma, defend, seed = task
+    (name, trace, cluster, gpu, interval), sigma, defend, seed, slow = task
     data = data_dir()
-    noise = Noise(seed=seed, speed_sigma=sigma, slow=SlowPeriods() if sigma else None)
+    noise = Noise(seed=seed, speed_sigma=sigma, slow=SlowPeriods() if sigma and slow else None)
     service = ServiceOptions(actuation=Actuation(noise=noise), defend=defend)
     experiment = Experiment(data / f"{trace}.csv", data / "clusters" / f"{cluster}.csv", data / "throughputs" / gpu,
                             interval, service=service)
@@ -54,7 +56,8 @@ def run_one(task: tuple[tuple[str, str, str, str, float], float, bool, int]) -> 
             "admitted": result.admitted_deadline, "admitted_missed": result.admitted_missed, "wall_s": result.wall_s}
 
 
-def plot(rows: dict[tuple[str, float, bool], dict], names: list[str], sigmas: list[float], out: Path) -> None:
+def plot(rows: dict[tuple[str, float, bool], dict], names: list[str], sigmas: list[float], out: Path,
+         slow: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,10 +72,11 @@ def plot(rows: dict[tuple[str, float, bool], dict], names: list[str], sigmas: li
             left.plot(xs, [rows[(name, s, defend)]["ratio"] for s in xs], style, color=color, marker="o", label=label)
             right.plot(xs, [100 * rows[(name, s, defend)]["admitted_missed"] / max(rows[(name, s, defend)]["admitted"], 1)
                             for s in xs], style, color=color, marker="o")
-    left.set(xlabel="per-run speed sigma (with node slow periods)", ylabel="deadline ratio",
+    xlabel = "per-run speed sigma" + (" (with node slow periods)" if slow else " (no slow periods)")
+    left.set(xlabel=xlabel, ylabel="deadline ratio",
              title="deadline ratio (solid: defended loop; dotted: without defenses)")
     right.axhline(100 * MISSED_AT_MOST, color="grey", lw=0.8)
-    right.set(xlabel="per-run speed sigma (with node slow periods)", ylabel="% of admitted deadline jobs",
+    right.set(xlabel=xlabel, ylabel="% of admitted deadline jobs",
               title="admitted jobs that missed")
     left.legend(fontsize=8)
     fig.tight_layout()
@@ -86,12 +90,15 @@ def main() -> None:
     parser.add_argument("--trace", action="append", help="only these (dev101 ... dev106, philly)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "noise.png")
+    parser.add_argument("--no-slow", dest="slow", action="store_false", help="no slow periods of nodes")
+    parser.add_argument("--plot", type=Path, help="default: docs/img/noise.png (noise-no-slow.png with --no-slow)")
     args = parser.parse_args()
+    args.plot = args.plot or ROOT / "docs" / "img" / ("noise.png" if args.slow else "noise-no-slow.png")
     cases = [c for c in CASES if not args.trace or c[0] in args.trace]
     sigmas = sorted(set(args.sigma or SIGMAS) | {0.0})
-    tasks = [(case, 0.0, True, args.seed) for case in cases]
-    tasks += [(case, s, defend, args.seed) for s in sigmas if s for case in cases for defend in (True, False)]
+    tasks = [(case, 0.0, True, args.seed, args.slow) for case in cases]
+    tasks += [(case, s, defend, args.seed, args.slow)
+              for s in sigmas if s for case in cases for defend in (True, False)]
     tasks.sort(key=lambda t: -("philly" in t[0][0]))  # the longest first
     rows: dict[tuple[str, float, bool], dict] = {}
     with Pool(args.workers) as pool:
@@ -102,7 +109,7 @@ def main() -> None:
         if (case[0], 0.0, False) not in rows:
             rows[(case[0], 0.0, False)] = rows[(case[0], 0.0, True)]
     names = [c[0] for c in cases]
-    plot(rows, names, sigmas, args.plot)
+    plot(rows, names, sigmas, args.plot, args.slow)
     lines, checks = {}, []
     for sigma in sigmas:
         traces = []
@@ -119,10 +126,10 @@ def main() -> None:
                               f"(baseline {base['admitted_missed']}/{base['admitted']}), ratio {mine['ratio']:.3f} "
                               f"vs noiseless {exact['ratio']:.3f} (baseline {base['ratio']:.3f}): "
                               f"{'yes' if ok else 'NO'}")
-        lines[sigma] = json.dumps({"sigma": sigma, "traces": traces})
+        lines[sigma] = json.dumps({"sigma": sigma, "slow_periods": args.slow and sigma > 0, "traces": traces})
     print(f"wrote {args.plot}")
     if checks:
-        print(f"Target (issue 42, sigma {TARGET} with slow periods: admitted missed <= "
+        print(f"Target (issue 42, sigma {TARGET} {'with' if args.slow else 'WITHOUT'} slow periods: admitted missed <= "
               f"{100 * MISSED_AT_MOST:.1f}% of admitted, ratio within {RATIO_WITHIN} of noiseless):\n"
               + "\n".join(checks))
     for sigma in sorted(lines, key=lambda s: (s == TARGET, s)):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from elasticflow_block.home import elasticflow_home
-from flows.training import identity
+from flows.training.launch import identity
 from flows.training.control import FileControlChannel, GpuSlot
 from flows.training.params import Hyperparameters, TrainParameters
 from flows.training.ranks import LocalRanks, ranks_for

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Protocol
 
 from flows.training.control import FileControlChannel, GpuSlot
-from flows.training.identity import RankIdentity
+from flows.training.launch.identity import RankIdentity
 from flows.training.launcher import POOL, Segment, prune_segment_dirs
 from flows.training.segment import SegmentSpec
-from flows.training.standby import WorkerPool
+from flows.training.launch.standby import WorkerPool
 from flows.training.supervision import RunningSegment
 
 KEEP_SEGMENT_DIRS = 5  # a local run's newest segment folders (logs, progress, result) kept for a post-mortem

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 
 from flows.training.control import GpuSlot  # noqa: E402
 from flows.training.ray_actor import RankActor, await_exit  # noqa: E402
-from flows.training.standby import rank_env  # noqa: E402
+from flows.training.launch.standby import rank_env  # noqa: E402
 
 log = logging.getLogger("elasticflow.ray")
 

@@ -26,7 +26,7 @@ import torch
 
 from elasticflow_block.home import elasticflow_home
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
-from flows.training import identity
+from flows.training.launch import identity
 from flows.training.control import FileControlChannel, default_control_root
 from flows.training.params import TrainParameters
 from flows.training.progress import ProgressTracker

@@ -18,7 +18,7 @@ import logging
 import time
 from pathlib import Path
 
-from flows.training.launch import LaunchSpec
+from flows.training.launch.spec import LaunchSpec
 from flows.training.ray_nodes import (
     NAMESPACE,
     RAY_LOOPBACK_ENV,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.training.identity import RANK_USER_ENV, check_user, claim_group, gid_range, unreachable
+from flows.training.launch.identity import RANK_USER_ENV, check_user, claim_group, gid_range, unreachable
 from flows.training.runtime import run_training
 from tests.runtime.conftest import small_mlp
 

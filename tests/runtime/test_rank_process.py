@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.training.standby import EARLY_LOG_PREFIX, sweep_early_logs
+from flows.training.launch.standby import EARLY_LOG_PREFIX, sweep_early_logs
 
 
 def test_the_early_logs_of_a_gone_flow_process_are_swept_and_no_others(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from flows.training.control import GpuSlot
 from flows.training.datasets import DatasetSpec
-from flows.training.launch import LaunchSpec, standby_of
+from flows.training.launch.spec import LaunchSpec, standby_of
 from flows.training.launcher import Segment, WorkerPool, local_seats
 from flows.training.orders import Seat, StandbyOrder, free_port, rank_orders
 from flows.training.params import Hyperparameters

@@ -2,7 +2,7 @@
 processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
-imports anything heavy (see `flows.training.boot`). `flows.training.launcher`
+imports anything heavy (see `flows.training.launch.boot`). `flows.training.launcher`
 hands them to segments; missing standbys are started on demand.
 """
 
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Union
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_REPO_ROOT = str(Path(__file__).resolve().parents[3])
 EXTRA_ENV = "ELASTICFLOW_RANK_ENV"  # operator's additions to the allow-list, comma-separated names
 
 # What a DDP rank may see of its flow process's environment. Ranks never talk

@@ -1,6 +1,6 @@
 """Launch one training segment as `world_size` worker processes and supervise it.
 
-Each worker is a `python -m flows.training.rank_main --standby` process, never a
+Each worker is a `python -m flows.training.rank.rank_main --standby` process, never a
 fork of the flow process (which runs Prefect's threads). A standby imports
 torch, then waits on stdin for a segment. `WorkerPool` (`flows.training.launch.standby`)
 keeps a few standbys ready so that a relaunch does not pay ~4 s of imports per

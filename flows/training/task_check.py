@@ -168,7 +168,7 @@ def _check(order: dict[str, Any]) -> dict[str, Any]:
         if missing:
             return {"field": field, "error": missing}
     from flows.training.datasets import DatasetSpec
-    from flows.training.task import build_dataset, resolve, resolve_callable
+    from flows.training.rank.task import build_dataset, resolve, resolve_callable
 
     for field, path in paths.items():
         try:

@@ -17,9 +17,9 @@ import torch
 
 from flows.training.datasets import DatasetSpec
 from flows.training.params import TrainParameters
-from flows.training.rank_setup import build_optimizer
-from flows.training.sampler import batch_indices, micro_batches
-from flows.training.task import Task
+from flows.training.rank.rank_setup import build_optimizer
+from flows.training.rank.sampler import batch_indices, micro_batches
+from flows.training.rank.task import Task
 from scheduler_service.worker.intake import InvalidRun, read_request
 from tests.runtime.conftest import assert_same_trajectory
 

@@ -305,7 +305,7 @@ def _warm_up() -> None:
     import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
 
     import flows.train  # noqa: F401
-    import flows.training.rank_main  # noqa: F401
+    import flows.training.rank.rank_main  # noqa: F401
 
 
 def main(argv: list[str]) -> int:

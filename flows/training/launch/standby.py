@@ -1,4 +1,4 @@
-"""Standby DDP worker processes: `python -m flows.training.rank_main --standby`
+"""Standby DDP worker processes: `python -m flows.training.rank.rank_main --standby`
 processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
@@ -142,7 +142,7 @@ class WorkerPool:
         fd, log = tempfile.mkstemp(prefix=f"{EARLY_LOG_PREFIX}{os.getpid()}-", suffix=".log")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.training.rank_main", "--standby", log],
+                [sys.executable, "-m", "flows.training.rank.rank_main", "--standby", log],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=fd,
@@ -175,7 +175,7 @@ class WorkerPool:
         and not touched CUDA (a fork server's child before its engine runs)."""
         import torch
 
-        from flows.training import rank_main
+        from flows.training.rank import rank_main
 
         if threading.active_count() > 1 or torch.cuda.is_initialized():
             self.refill(count)  # not safe to fork here: start them as fresh interpreters

@@ -68,7 +68,7 @@ def _one_process(params: TrainParameters) -> list[float]:
 def test_an_example_task_resized_in_place_keeps_the_losses_of_one_process(
     tmp_path: Path, task: dict[str, Any], deterministic: bool
 ) -> None:
-    from flows.training.runtime import run_training
+    from flows.training.coordinator.runtime import run_training
 
     hyperparameters = {"global_batch_size": 12, "max_micro_batch": 4, "learning_rate": 0.02,
                        "deterministic": deterministic}

@@ -2,7 +2,7 @@
 processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
-imports anything heavy (see `flows.training.launch.boot`). `flows.training.launcher`
+imports anything heavy (see `flows.training.launch.boot`). `flows.training.coordinator.launcher`
 hands them to segments; missing standbys are started on demand.
 """
 

@@ -1,6 +1,6 @@
 """What runs on the Ray nodes: a rank actor, and the small tasks the
 coordinating flow process pins on a node (is it up, are a segment's
-processes gone). See `flows.training.ray_ranks` for the coordinator's side.
+processes gone). See `flows.training.coordinator.ray_ranks` for the coordinator's side.
 
 A rank actor is one DDP rank for one segment: it says where it landed, then
 trains with the same `Worker` a local rank process uses, from a folder of

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from flows.training.control import FileControlChannel, GpuSlot
 from flows.training.launch.identity import RankIdentity
-from flows.training.launcher import POOL, Segment, prune_segment_dirs
+from flows.training.coordinator.launcher import POOL, Segment, prune_segment_dirs
 from flows.training.segment import SegmentSpec
 from flows.training.launch.standby import WorkerPool
 from flows.training.supervision import RunningSegment
@@ -71,7 +71,7 @@ def ranks_for(
         from flows.training.ray_nodes import loopback_before_import
 
         loopback_before_import(ray_address)  # before `ray` is imported, below
-        from flows.training.ray_ranks import RayRanks
+        from flows.training.coordinator.ray_ranks import RayRanks
 
         return RayRanks(ray_address, run_key, channel)
     return LocalRanks(channel.folder / "segments", identity=identity)

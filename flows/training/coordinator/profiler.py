@@ -22,8 +22,8 @@ from elasticflow_block.home import elasticflow_home
 from flows.training.launch import identity
 from flows.training.control import FileControlChannel, GpuSlot
 from flows.training.params import Hyperparameters, TrainParameters
-from flows.training.ranks import LocalRanks, ranks_for
-from flows.training.runtime import default_device
+from flows.training.coordinator.ranks import LocalRanks, ranks_for
+from flows.training.coordinator.runtime import default_device
 from flows.training.segment import SegmentResult, SegmentSpec
 from flows.training.supervision import RunningSegment
 

@@ -26,7 +26,7 @@ from flows.training.control import FileControlChannel, default_control_root
 from flows.training.launch.spec import LaunchSpec
 from flows.training.params import TrainParameters
 from flows.training.launch.pause import stack_stopping
-from flows.training.prefect_progress import PrefectProgress
+from flows.training.reporting.prefect_progress import PrefectProgress
 from flows.training.coordinator.runtime import TrainResult, run_training
 from flows.training.segment import SegmentResult
 from scheduler_service.contracts import StateName

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.training.prefect_progress import Outbox, PrefectProgress
+from flows.training.reporting.prefect_progress import Outbox, PrefectProgress
 from flows.training.segment import SegmentResult
 
 

@@ -69,7 +69,7 @@ def median(values: list[float]) -> float:
 
 def resize_runs(tmp: Path, ray_address: str | None, runs: int) -> tuple[list[float], list[dict[str, float]]]:
     from flows.training.params import TrainParameters
-    from flows.training.runtime import run_training
+    from flows.training.coordinator.runtime import run_training
 
     seconds, phases = [], []
     for i in range(runs):
@@ -132,7 +132,7 @@ def first_iterations(tmp: Path, ray: str | None, runs: int) -> list[float]:
 def spares(tmp: Path, address: str, runs: int, caps: list[str]) -> int:
     """(b) on Ray for each cap on warm actors per node; the actors a run holds
     between resizes: its 4 ranks on 2 nodes, plus its warm ones."""
-    from flows.training.ray_pool import SPARES_ENV
+    from flows.training.coordinator.ray_pool import SPARES_ENV
 
     rows = {}
     for cap in caps:

@@ -8,7 +8,7 @@ Measures what a resize costs and checks it changes nothing:
 - save_s / load_s: checkpoint save and restore (means over the resizes);
 - start_s: process start to ready (process group up, data and model built) of
   the relaunched segments (mean); their workers are standbys that imported torch
-  while the previous segment trained (see flows/training/launcher.py), so this
+  while the previous segment trained (see flows/training/coordinator/launcher.py), so this
   is hand-over to ready. cold_start_s is the same for the first segment, whose
   workers start from nothing;
 - max_loss_rel_diff: largest relative difference between the two runs' losses
@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows.training.params import TrainParameters  # noqa: E402
-from flows.training.runtime import TrainResult, run_training  # noqa: E402
+from flows.training.coordinator.runtime import TrainResult, run_training  # noqa: E402
 
 # Segments long enough for the standby workers of the next GPU set to finish
 # importing torch in the background, as they would in a real job.

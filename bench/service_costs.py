@@ -45,7 +45,7 @@ def measure_start_cpu() -> dict[str, float]:
         # Prefect's default launcher before the engine: a workspace supervisor interpreter
         "prefect_supervisor_s": cpu_seconds([PY, "-c", "import prefect.runner._workspace_supervisor"]),
         # one DDP worker: torch, torch._dynamo (the first optimizer step needs it), the runtime
-        "standby_worker_s": cpu_seconds([PY, "-m", "flows.training.rank_main", "--standby"]),
+        "standby_worker_s": cpu_seconds([PY, "-m", "flows.training.rank.rank_main", "--standby"]),
         # the user's command
         "prefect_cli_s": cpu_seconds([PY, "-m", "prefect", "--help"]),
     }

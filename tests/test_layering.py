@@ -72,7 +72,8 @@ def test_elasticflow_block_does_not_import_flows() -> None:
 
 
 def _modules_named(package: Path) -> set[str]:
-    """Every module named by an import in the package, lazy ones included, in full."""
+    """Every module named by an import in the package, lazy ones included, in full;
+    for `from X import Y` also `X.Y`, as Y may be a module (`from flows.training.rank import rank`)."""
     found: set[str] = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -80,6 +81,7 @@ def _modules_named(package: Path) -> set[str]:
                 found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 found.add(node.module)
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
     return found
 
 
@@ -114,3 +116,42 @@ def test_each_class_name_means_one_thing() -> None:
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                     defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
     assert not {name: where for name, where in defined.items() if len(where) > 1}
+
+
+TRAINING = ROOT / "flows" / "training"
+
+
+def _within(named: set[str], *layers: str) -> set[str]:
+    """The names that are one of the layer packages or a module in one."""
+    packages = [f"flows.training.{layer}" for layer in layers]
+    return {m for m in named for p in packages if m == p or m.startswith(p + ".")}
+
+
+@pytest.mark.parametrize("layer", ["launch", "coordinator", "rank", "reporting"])
+def test_each_layer_is_a_package(layer: str) -> None:
+    """Issue 45: `flows/training/` was one flat folder of four layers; each is now a folder."""
+    assert (TRAINING / layer / "__init__.py").is_file()
+
+
+def test_the_worker_does_not_import_the_rank() -> None:
+    """Issue 45: the worker starts a run's processes with the launch layer
+    (and reads the shared modules: parameters, control channel); the rank's
+    modules, where a user's code runs, are never its imports."""
+    named = _modules_named(ROOT / "scheduler_service" / "worker")
+    assert not _within(named, "rank")
+
+
+def test_the_rank_imports_neither_the_coordinator_nor_prefect_glue() -> None:
+    """A rank reads what the coordinator tells it through the shared modules
+    (segment, orders, regroup, supervision, control), never the coordinator itself."""
+    assert not _within(_modules_named(TRAINING / "rank"), "coordinator", "reporting")
+
+
+def test_launch_is_the_bottom_layer() -> None:
+    """The launch layer names the rank's entry (and the flow) only to start or
+    warm them; it imports nothing of the coordinator or the Prefect glue."""
+    assert not _within(_modules_named(TRAINING / "launch"), "coordinator", "reporting")
+
+
+def test_the_coordinator_runs_without_prefect_glue() -> None:
+    assert not _within(_modules_named(TRAINING / "coordinator"), "reporting")

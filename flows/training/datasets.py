@@ -45,7 +45,7 @@ class DatasetSpec(BaseModel):
     """Which data to train on. `name` is a registry key, or a user's dataset by
     import path (`pkg.module:name`: a `torch.utils.data.Dataset`, or a factory
     of one called with `options`, and `path=` when a path is given; it is
-    imported only in the run's own processes, flows/training/task.py);
+    imported only in the run's own processes, flows/training/rank/task.py);
     `path` is for on-disk data."""
 
     model_config = ConfigDict(extra="forbid")
@@ -239,9 +239,9 @@ def check_dataset(name: str, path: Path) -> None:
 
 
 def load_dataset(spec: DatasetSpec) -> TensorData:
-    """A registered dataset (a user's is built by flows/training/task.py, in the run's processes only)."""
+    """A registered dataset (a user's is built by flows/training/rank/task.py, in the run's processes only)."""
     if spec.user:
-        raise ValueError(f"dataset {spec.name!r} is a user's: build it with flows.training.task")
+        raise ValueError(f"dataset {spec.name!r} is a user's: build it with flows.training.rank.task")
     entry = DATASETS[spec.name]
     if entry.needs_path:
         return entry.loader(Path(spec.path or "").expanduser(), spec.options)

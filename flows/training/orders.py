@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.training.identity import RankIdentity
+from flows.training.launch.identity import RankIdentity
 
 
 LOOPBACK = "127.0.0.1"

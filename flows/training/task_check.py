@@ -53,8 +53,8 @@ def check_task(params: Any, count: bool = False, timeout_s: float = TIMEOUT_S) -
     """Refuse (`TaskRefused`, naming the field) a task whose import paths do not
     resolve; with `count`, the length of its user dataset. Nothing is started
     for a task of built-in names only."""
-    from flows.training import identity
-    from flows.training.standby import _REPO_ROOT, rank_env
+    from flows.training.launch import identity
+    from flows.training.launch.standby import _REPO_ROOT, rank_env
 
     paths = user_paths(params)
     count = count and "dataset" in paths
@@ -168,7 +168,7 @@ def _check(order: dict[str, Any]) -> dict[str, Any]:
         if missing:
             return {"field": field, "error": missing}
     from flows.training.datasets import DatasetSpec
-    from flows.training.task import build_dataset, resolve, resolve_callable
+    from flows.training.rank.task import build_dataset, resolve, resolve_callable
 
     for field, path in paths.items():
         try:

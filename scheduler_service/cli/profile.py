@@ -48,7 +48,7 @@ def profile(
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    from flows.training.profiler import profile_throughput
+    from flows.training.coordinator.profiler import profile_throughput
     from scheduler_service.cli.service import refuse_password
     from scheduler_service.store import export_csv, get_engine, save_curve
 
@@ -77,7 +77,7 @@ def profile(
         errors.print(f"[{step}/{len(counts)}] {curve[count]:.3f} it/s ({time.perf_counter() - started:.1f} s)",
                      highlight=False)
     engine = get_engine(database_url)
-    from flows.training.runtime import default_device
+    from flows.training.coordinator.runtime import default_device
 
     save_curve(model, batch_size, curve, device=default_device(device), engine=engine, kind=kind.strip())
     table = Table(title=f"{model} @ global batch {batch_size}" + (f" on {kind.strip()}" if kind.strip() else ""))

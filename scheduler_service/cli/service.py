@@ -144,7 +144,7 @@ def up(
     if account.user is None:  # opted out (`root`), or not root: the worker's ranks stay the stack's user
         import os
 
-        from flows.training.identity import RANK_USER_ENV
+        from flows.training.launch.identity import RANK_USER_ENV
 
         os.environ.pop(RANK_USER_ENV, None)
     console.print(f"starting Prefect server on 127.0.0.1:{port} ({where}; home {home})")

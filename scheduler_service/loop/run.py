@@ -96,7 +96,7 @@ class LoopRun:
         self.reported_gpus: tuple[int, ...] = ()
         self.reported_rate: float | None = None
         self.own_projection: float | None = None  # the flow's own, until the loop has seen enough
-        self.save_error: str | None = None  # while its checkpoint saves fail (flows/training/saving.py)
+        self.save_error: str | None = None  # while its checkpoint saves fail (flows/training/rank/saving.py)
         self.launched_at: float | None = None  # until its first iteration: what a start really costs
         self.launched_from = 0  # the iteration of its last command (a launch or a resize)
         self.in_place = False  # its last change kept some of its GPUs: a resize in place, not a restart

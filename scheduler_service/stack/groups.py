@@ -13,8 +13,8 @@ provably the one recorded: the leader alive with the recorded start time, or,
 the leader gone, members that all started after it. Records of groups that
 are gone are removed.
 
-Standard library only: `flows.training.boot` writes records before anything
-heavy is imported (it imports `record_group` from `flows.training.boot`, which
+Standard library only: `flows.training.launch.boot` writes records before anything
+heavy is imported (it imports `record_group` from `flows.training.launch.boot`, which
 is where the writing side lives, so that the training runtime does not import
 the service).
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.training.boot import groups_dir, record_group, start_time
+from flows.training.launch.boot import groups_dir, record_group, start_time
 
 __all__ = ["Group", "groups_of", "record_group", "start_time", "stop_groups"]
 

@@ -26,9 +26,9 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.training.identity import RANK_USER_ENV
+from flows.training.launch.identity import RANK_USER_ENV
 from flows.training.orders import free_port  # noqa: F401  # the stack's ports: callers import it from here
-from flows.training.pause import clear_stopping, mark_stopping
+from flows.training.launch.pause import clear_stopping, mark_stopping
 from flows.training.ray_nodes import RAY_ADDRESS_ENV, RAY_LOOPBACK_ENV
 from scheduler_service.stack import secret
 from scheduler_service.stack.groups import Group, groups_of, start_time, stop_groups

@@ -10,7 +10,7 @@ Python, the project or the home out of its reach) `up` refuses and says how;
 switch users: its ranks run as its own, unprivileged, user.
 
 What each run's ranks may then reach (their run's folders, through a group of
-the run's own, and nothing else of the stack's) is flows/training/identity.py's.
+the run's own, and nothing else of the stack's) is flows/training/launch/identity.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.training.identity import RANK_USER_ENV, unreachable
+from flows.training.launch.identity import RANK_USER_ENV, unreachable
 
 DEFAULT_ACCOUNT = "elasticflow-rank"
 OPT_OUT = "root"

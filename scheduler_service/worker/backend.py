@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from flows.training.launch import LaunchSpec
+from flows.training.launch.spec import LaunchSpec
 from scheduler_service.worker.cancellation import (
     Cancellations,
     Escalation,
@@ -99,7 +99,7 @@ class FlowProcesses:
         self._forkserver: tuple[subprocess.Popen[bytes], Path] | None = None
 
     def open(self, home: Path) -> None:
-        from flows.training.forkserver import launch
+        from flows.training.launch.forkserver import launch
 
         if not self.warm_start:
             return
@@ -114,8 +114,8 @@ class FlowProcesses:
     def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
         """The flow process's environment: the launch, with the placement; no
         secret of the worker's; the fork server, unless the run starts cold."""
-        from flows.training.boot import FORKSERVER_ENV
-        from flows.training.standby import is_secret
+        from flows.training.launch.boot import FORKSERVER_ENV
+        from flows.training.launch.standby import is_secret
 
         # Prefect hands the flow process the worker's whole environment: not its
         # store's credentials (the flow talks to Prefect, whose own settings stay).

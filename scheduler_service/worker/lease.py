@@ -37,7 +37,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from flows.training.boot import start_time
+from flows.training.launch.boot import start_time
 from scheduler_service.worker.store import LeaseRecord, aware
 
 log = logging.getLogger(__name__)

@@ -286,7 +286,7 @@ def measure_where_runs_train(device: str, iterations: int, timeout_s: float, clu
     not measured yet (intake.kind_curves). Measured on fewer GPUs than the
     model could use here, it is kept as partial."""
     def measure(request: Request, gpus: list[int], stand_in: bool) -> dict[int, float]:
-        from flows.training.profiler import profile_throughput
+        from flows.training.coordinator.profiler import profile_throughput
         from scheduler_service.store import save_curve
 
         params: Any = request.params

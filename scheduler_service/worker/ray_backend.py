@@ -3,7 +3,7 @@
 The flow process of a run stays where Prefect's worker starts it (this
 machine, the same `FlowProcesses` as `LocalProcesses`) and coordinates; its
 DDP ranks are Ray actors on the nodes of the placement
-(`flows.training.ray_ranks`). The service reads the topology from Ray,
+(`flows.training.coordinator.ray_ranks`). The service reads the topology from Ray,
 follows nodes that join, leave or die (`changed`), names each GPU id by node
 and device in every command, and kills rank actors a run left behind.
 
@@ -18,7 +18,7 @@ import logging
 import time
 from pathlib import Path
 
-from flows.training.launch import LaunchSpec
+from flows.training.launch.spec import LaunchSpec
 from flows.training.ray_nodes import (
     NAMESPACE,
     RAY_LOOPBACK_ENV,

@@ -123,7 +123,7 @@ class WorkerSettings(BaseSettings):
     @field_validator("rank_gids")
     @classmethod
     def _gid_range(cls, text: str) -> str:
-        from flows.training.identity import gid_range
+        from flows.training.launch.identity import gid_range
 
         try:
             gid_range(text)
@@ -196,7 +196,7 @@ class WorkerSettings(BaseSettings):
 def rank_user_problem(name: str) -> str | None:
     """Why ranks cannot run as `name` here (None: they can): no such user,
     root, a stack not root, or Python or the project out of that user's reach."""
-    from flows.training.identity import check_user, unreachable
+    from flows.training.launch.identity import check_user, unreachable
 
     try:
         check_user(name)

@@ -25,8 +25,8 @@ import anyio.abc
 from prefect.settings import PREFECT_WORKER_QUERY_SECONDS, temporary_settings
 from prefect.workers.process import ProcessWorker
 
-from flows.training.launch import LaunchSpec
-from flows.training.pause import stack_stopping, stopped_at
+from flows.training.launch.spec import LaunchSpec
+from flows.training.launch.pause import stack_stopping, stopped_at
 from scheduler_service.contracts import EventName, RejectionReason, RunPhase, epoch_to_datetime
 from scheduler_service.loop import ControlLoop
 from scheduler_service.loop.events import CancelRequested, Ended, Event, Leaving, ProfileFailed, StartsRecalled
@@ -294,10 +294,10 @@ class ElasticFlowWorker(ProcessWorker):
         # Prefect's default launcher is a workspace supervisor that then execs a
         # second interpreter for the engine (Prefect imported twice). Ours runs the
         # engine in one, in its own session, and starts the run's DDP ranks first
-        # so that they import torch while the engine starts (flows/training/boot.py).
+        # so that they import torch while the engine starts (flows/training/launch/boot.py).
         # It is always ours: a command from job variables would run as the stack's
         # user (configuration.py).
-        configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.boot"])
+        configuration.command = command_to_string([get_sys_executable(), "-m", "flows.training.launch.boot"])
         configuration._command_configured = True
         try:
             result = await super().run(flow_run, configuration, Identified(task_status, self.backend))

@@ -88,7 +88,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """300 iterations on one local slot (no Ray), never resized: every run
     on the cluster must reproduce its loss at every iteration (shorter ones,
     its start)."""
-    from flows.training.runtime import run_training
+    from flows.training.coordinator.runtime import run_training
 
     root = tmp_path_factory.mktemp("reference")
     params = TrainParameters(

@@ -13,7 +13,7 @@ import pytest
 
 from elasticflow_block import CheckpointStorage
 from flows.training.params import TrainParameters
-from flows.training.runtime import run_training
+from flows.training.coordinator.runtime import run_training
 from flows.training.supervision import RunningSegment
 from tests.cluster.conftest import assert_same_losses
 from tests.cluster.test_ray_runtime import gone

@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable
 
 from flows.training.params import TrainParameters
-from flows.training.runtime import run_training
+from flows.training.coordinator.runtime import run_training
 from scheduler_service.policy.topology import MixedTopology
 from scheduler_service.stack.ray_local import LocalRayCluster
 from tests.cluster.conftest import alive_nodes
@@ -16,7 +16,7 @@ from tests.cluster.conftest import alive_nodes
 def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(
         ray_cluster: LocalRayCluster, ray_address: str, make_params: Callable[..., TrainParameters]) -> None:
     from flows.training.ray_nodes import KIND_RESOURCE, SLOTS_RESOURCE
-    from flows.training.profiler import profile_throughput
+    from flows.training.coordinator.profiler import profile_throughput
     from scheduler_service.store import get_curves
     from scheduler_service.worker.intake import read_request
     from scheduler_service.worker.profiling import measure_where_runs_train

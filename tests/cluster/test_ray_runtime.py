@@ -19,8 +19,8 @@ import pytest
 
 from flows.training.control import FileControlChannel
 from flows.training.params import TrainParameters
-from flows.training.progress import ProgressTracker
-from flows.training.runtime import run_training
+from flows.training.coordinator.progress import ProgressTracker
+from flows.training.coordinator.runtime import run_training
 from tests.cluster.conftest import alive_nodes, assert_same_losses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_resized_4_2_4_gives_the_losses_of_never_resizing(
 def test_a_node_lost_mid_run_continues_from_its_checkpoint_on_the_gpus_left(
         ray_cluster: Any, ray_address: str, make_params: Callable[..., TrainParameters],
         reference: list[float], tmp_path: Path) -> None:
-    from flows.training.ray_where import slots_for
+    from flows.training.coordinator.ray_where import slots_for
 
     params = make_params(gpu_plan=[[0, 1, 2, 3]], iterations=300, checkpoint_interval=10)
     channel = FileControlChannel("node-lost", tmp_path / "control")
@@ -127,7 +127,7 @@ def test_a_node_lost_mid_run_continues_from_its_checkpoint_on_the_gpus_left(
 COORDINATOR = """
 import json, os, sys
 from flows.training.params import TrainParameters
-from flows.training.runtime import run_training
+from flows.training.coordinator.runtime import run_training
 params = TrainParameters.model_validate_json(sys.argv[1])
 print(json.dumps({"pid": os.getpid()}), flush=True)
 run_training(params, "killed", segment_hook=lambda s: print(json.dumps({"pids": s.pids}), flush=True))

@@ -15,7 +15,7 @@ def _placement(*nodes: str) -> list[GpuSlot]:
 
 
 def _pool(per_node: int | None, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from flows.training import ray_pool
+    from flows.training.coordinator import ray_pool
 
     pool = ray_pool.ActorPool("run", per_node)
     monkeypatch.setattr(pool, "_new", lambda node: f"actor on {node}")  # no cluster needed to count
@@ -36,7 +36,7 @@ def test_warm_actors_follow_the_placement_up_to_the_cap_per_node(monkeypatch: py
 
 
 def test_the_setting_is_a_whole_number_or_unset() -> None:
-    from flows.training.ray_pool import spares_per_node
+    from flows.training.coordinator.ray_pool import spares_per_node
 
     assert spares_per_node({}) is None and spares_per_node({"ELASTICFLOW_RAY_SPARES_PER_NODE": "2"}) == 2
     with pytest.raises(ValueError, match="ELASTICFLOW_RAY_SPARES_PER_NODE='two': expected a whole number"):

@@ -271,7 +271,7 @@ def test_a_run_the_plan_parks_is_parked_even_for_a_run_due_later() -> None:
 
 def test_a_run_whose_checkpoint_saves_fail_is_not_moved_until_one_works() -> None:
     """A resize needs a save: told to move while its saves fail, a run would
-    refuse (flows/training/saving.py) and its new GPUs would sit claimed. The
+    refuse (flows/training/rank/saving.py) and its new GPUs would sit claimed. The
     loop leaves it where it is, and moves it once it reports a good save."""
     d = _alone_on_both()
     d.report("a", T0 + 1, 30, (0, 1), 36.0)

@@ -122,7 +122,7 @@ def assert_same_trajectory(losses: list[float], reference: list[float]) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], list[float]]:
     """Losses of the never-resized job on one worker slot (computed once per test process)."""
-    from flows.training.runtime import run_training
+    from flows.training.coordinator.runtime import run_training
 
     cache: dict[int, list[float]] = {}
 

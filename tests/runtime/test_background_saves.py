@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
-from flows.training.saving import Saves, cpu_copy
+from flows.training.rank.saving import Saves, cpu_copy
 
 
 class SlowStorage(CheckpointStorage):

@@ -52,7 +52,7 @@ def test_a_flow_process_started_while_its_server_is_down_waits_for_it_and_trains
         env = {**os.environ, "PREFECT_API_URL": restarting, "PREFECT__FLOW_RUN_ID": run_id,
                "ELASTICFLOW_HOME": str(tmp_path / "home")}
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "flows.training.launch.boot"], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert time.monotonic() - started >= DOWN_S
@@ -73,7 +73,7 @@ def test_a_flow_process_whose_server_dies_just_after_it_found_it_listening_retri
     with slow_server(prefect_api, delay_s=0.0, blink_s=DOWN_S) as blinking:
         env = {**os.environ, "PREFECT_API_URL": blinking, "PREFECT__FLOW_RUN_ID": run_id,
                "ELASTICFLOW_HOME": str(tmp_path / "home")}
-        done = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "flows.training.launch.boot"], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     with get_client(sync_client=True) as client:

@@ -17,7 +17,7 @@ import pytest
 from elasticflow_block import CheckpointStorage
 from flows.training.control import FileControlChannel
 from flows.training.params import TrainParameters
-from flows.training.runtime import run_training
+from flows.training.coordinator.runtime import run_training
 from flows.training.supervision import RunningSegment
 from tests.runtime.conftest import N, assert_same_trajectory, progress_iterations, process_alive, when_iteration_reaches
 

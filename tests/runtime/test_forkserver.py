@@ -1,5 +1,5 @@
 """Warm start: flow processes forked from a server that has imported Prefect and
-torch, relayed by `flows.training.boot` so that Prefect sees what it always saw."""
+torch, relayed by `flows.training.launch.boot` so that Prefect sees what it always saw."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from flows.training.boot import FORKSERVER_ENV
+from flows.training.launch.boot import FORKSERVER_ENV
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _start_server(base: Path, api_url: str) -> tuple[subprocess.Popen[bytes], di
     env = {**os.environ, "PREFECT_HOME": str(base / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api_url}
     env.pop(FORKSERVER_ENV, None)
     log = open(base / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.training.forkserver", str(path)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.training.launch.forkserver", str(path)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     end = time.time() + CEILING_S
     while not path.exists():
@@ -103,7 +103,7 @@ RUN_ID = "00000000-0000-4000-8000-000000000000"  # valid, on an API that never a
 
 
 def _boot(env: dict[str, str], **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "flows.training.boot"], env={**env, **extra}, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "flows.training.launch.boot"], env={**env, **extra}, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -163,7 +163,7 @@ def test_without_its_server_a_flow_process_still_dies_with_its_client(tmp_path: 
 def test_without_a_server_the_flow_process_starts_cold(tmp_path: Path) -> None:
     env = {**os.environ, FORKSERVER_ENV: str(tmp_path / "none.sock"), "PREFECT__FLOW_RUN_ID": "not-a-uuid",
            "PREFECT_API_URL": "http://127.0.0.1:9/api", "ELASTICFLOW_API_WAIT_S": "0"}
-    out = subprocess.run([sys.executable, "-m", "flows.training.boot"], env=env, cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "flows.training.launch.boot"], env=env, cwd=ROOT, capture_output=True,
                          text=True, timeout=CEILING_S)
     assert "warm start unavailable" in out.stderr and "Invalid flow run id" in out.stderr + out.stdout
     assert out.returncode == 1

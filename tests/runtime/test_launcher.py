@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.training.datasets import DatasetSpec
-from flows.training.launcher import Segment, WorkerPool
+from flows.training.coordinator.launcher import Segment, WorkerPool
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
 
@@ -62,7 +62,7 @@ def test_a_segment_that_does_not_end_in_its_time_is_stopped_and_reported(tmp_pat
 
 
 def test_a_profile_past_its_time_raises_instead_of_blocking_the_service() -> None:
-    from flows.training.profiler import profile_throughput
+    from flows.training.coordinator.profiler import profile_throughput
 
     with pytest.raises(RuntimeError, match="did not finish"):
         profile_throughput("mlp", 8, [1, 2], iterations=100_000, warmup=2, device="cpu", timeout_s=2.0,

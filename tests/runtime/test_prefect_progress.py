@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.training.prefect_progress import Outbox, PrefectProgress
+from flows.training.reporting.prefect_progress import Outbox, PrefectProgress
 from flows.training.segment import SegmentResult
 
 
@@ -132,7 +132,7 @@ def test_routine_progress_and_segment_changes_stay_out_of_the_runs_log(
     the worker's to tell, with why (a resized run's story fits 15 lines)."""
     import logging
 
-    from flows.training.progress import ProgressTracker
+    from flows.training.coordinator.progress import ProgressTracker
 
     tracker = ProgressTracker("run-1", 100, min_interval_s=0.0)
     with caplog.at_level(logging.INFO, logger="elasticflow.progress"):

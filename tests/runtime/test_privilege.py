@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from flows.training.datasets import DatasetSpec
-from flows.training.launcher import Segment, WorkerPool
+from flows.training.coordinator.launcher import Segment, WorkerPool
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
-from flows.training.standby import rank_env
+from flows.training.launch.standby import rank_env
 from flows.training.supervision import read_progress
 from tests.runtime.privilege import environ, listening, too_open
 

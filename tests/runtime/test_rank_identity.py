@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.training.identity import RANK_USER_ENV, check_user, claim_group, gid_range, unreachable
-from flows.training.runtime import run_training
+from flows.training.launch.identity import RANK_USER_ENV, check_user, claim_group, gid_range, unreachable
+from flows.training.coordinator.runtime import run_training
 from tests.runtime.conftest import small_mlp
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.training.standby import EARLY_LOG_PREFIX, sweep_early_logs
+from flows.training.launch.standby import EARLY_LOG_PREFIX, sweep_early_logs
 
 
 def test_the_early_logs_of_a_gone_flow_process_are_swept_and_no_others(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_the_early_logs_of_a_gone_flow_process_are_swept_and_no_others(tmp_path:
 
 
 def test_a_ranks_stop_flags_each_come_from_their_own_source() -> None:
-    from flows.training.stop_flags import StopFlags
+    from flows.training.rank.stop_flags import StopFlags
 
     flags = StopFlags.of_this_process()
     assert not (flags.terminated or flags.stop_asked or flags.orphaned)

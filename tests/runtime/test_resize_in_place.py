@@ -15,7 +15,7 @@ import torch
 
 from elasticflow_block import CheckpointStorage
 from flows.training.params import TrainParameters
-from flows.training.runtime import run_training
+from flows.training.coordinator.runtime import run_training
 from flows.training.supervision import RunningSegment
 from tests.runtime.conftest import N, assert_same_trajectory, process_alive, progress_iterations
 

@@ -2,7 +2,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.training.sampler import batch_indices, micro_batches, shard_bounds
+from flows.training.rank.sampler import batch_indices, micro_batches, shard_bounds
 
 
 @given(

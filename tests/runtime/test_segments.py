@@ -14,8 +14,8 @@ import pytest
 
 from flows.training.control import GpuSlot
 from flows.training.datasets import DatasetSpec
-from flows.training.launch import LaunchSpec, standby_of
-from flows.training.launcher import Segment, WorkerPool, local_seats
+from flows.training.launch.spec import LaunchSpec, standby_of
+from flows.training.coordinator.launcher import Segment, WorkerPool, local_seats
 from flows.training.orders import Seat, StandbyOrder, free_port, rank_orders
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
@@ -70,7 +70,7 @@ def test_rank_orders_count_local_ranks_per_node_and_give_each_rank_its_device() 
 
 def test_both_launchers_build_the_same_rank_environment_for_one_machine() -> None:
     pytest.importorskip("ray")
-    from flows.training.ray_where import ray_seats
+    from flows.training.coordinator.ray_where import ray_seats
 
     placement = [GpuSlot(node="n0", name="ray-node-0", ip="127.0.0.1", index=i) for i in (0, 1)]
     where = [{"node": "n0", "ip": "127.0.0.1", "pid": 1, "host": "h", "interface": "lo"}] * 2

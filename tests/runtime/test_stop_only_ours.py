@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.training.boot import record_group
+from flows.training.launch.boot import record_group
 from scheduler_service.stack.groups import groups_of
 from scheduler_service.stack.local import stop_processes_of
 

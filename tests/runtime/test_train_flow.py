@@ -30,7 +30,7 @@ def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path, m
 
     from flows.train import train
     from flows.training.control import FileControlChannel
-    from flows.training.launch import LaunchSpec
+    from flows.training.launch.spec import LaunchSpec
 
     # The GPU plan and the control channel are the runtime's, not the user's: no flow parameters.
     spec = LaunchSpec(gpu_plan=[[0, 1], [0]], switch_at=[20], control_dir=str(tmp_path / "control"))
@@ -160,7 +160,7 @@ def test_training_that_fails_while_the_stack_stops_under_it_pauses(
     from prefect.exceptions import Pause
 
     from flows import train as train_module
-    from flows.training.pause import clear_stopping, mark_stopping
+    from flows.training.launch.pause import clear_stopping, mark_stopping
 
     home = tmp_path / "home"
     monkeypatch.setenv("ELASTICFLOW_HOME", str(home))

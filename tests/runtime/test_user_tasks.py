@@ -17,9 +17,9 @@ import torch
 
 from flows.training.datasets import DatasetSpec
 from flows.training.params import TrainParameters
-from flows.training.rank_setup import build_optimizer
-from flows.training.sampler import batch_indices, micro_batches
-from flows.training.task import Task
+from flows.training.rank.rank_setup import build_optimizer
+from flows.training.rank.sampler import batch_indices, micro_batches
+from flows.training.rank.task import Task
 from scheduler_service.worker.intake import InvalidRun, read_request
 from tests.runtime.conftest import assert_same_trajectory
 
@@ -68,7 +68,7 @@ def _one_process(params: TrainParameters) -> list[float]:
 def test_an_example_task_resized_in_place_keeps_the_losses_of_one_process(
     tmp_path: Path, task: dict[str, Any], deterministic: bool
 ) -> None:
-    from flows.training.runtime import run_training
+    from flows.training.coordinator.runtime import run_training
 
     hyperparameters = {"global_batch_size": 12, "max_micro_batch": 4, "learning_rate": 0.02,
                        "deterministic": deterministic}

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from flows.training.launch import LaunchSpec
+from flows.training.launch.spec import LaunchSpec
 from scheduler_service.worker import ray_backend
 from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, RankPlacement
 from scheduler_service.worker.ray_backend import RayBackend

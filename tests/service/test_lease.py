@@ -99,7 +99,7 @@ def test_a_holder_whose_process_is_gone_from_this_host_is_taken_over_at_once(eng
 def _parent() -> tuple[int, int | None]:
     import os
 
-    from flows.training.boot import start_time
+    from flows.training.launch.boot import start_time
 
     return os.getppid(), start_time(os.getppid())
 
@@ -108,7 +108,7 @@ def test_a_holder_that_ended_but_was_not_yet_reaped_is_gone(engine: Engine) -> N
     """A worker SIGKILLed under `up` is a zombie until the supervisor polls it."""
     import time
 
-    from flows.training.boot import start_time
+    from flows.training.launch.boot import start_time
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     started = start_time(child.pid)

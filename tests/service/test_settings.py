@@ -58,7 +58,7 @@ def test_ranks_as_root_are_warned_of_and_an_unreadable_python_refused(monkeypatc
     import sys
     from pathlib import Path
 
-    from flows.training.identity import unreachable
+    from flows.training.launch.identity import unreachable
 
     if os.geteuid() != 0:
         pytest.skip("the warning and the check are about a stack that runs as root")

@@ -1,5 +1,5 @@
-"""A process rank's entry: `python -m flows.training.rank_main --standby
-[EARLY_LOG]` (see `flows.training.standby`). It imports torch, then reads its
+"""A process rank's entry: `python -m flows.training.rank.rank_main --standby
+[EARLY_LOG]` (see `flows.training.launch.standby`). It imports torch, then reads its
 order on stdin (`orders.StandbyOrder`: the segment's folder, its log, its
 rank's `RankOrder`), and runs the segment's `Worker` (rank.py) with the stop
 flags it made at its start, when its parent was still its launcher.
@@ -18,9 +18,9 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from flows.training.orders import StandbyOrder
-from flows.training.rank import Worker
+from flows.training.rank.rank import Worker
 from flows.training.segment import SegmentSpec
-from flows.training.stop_flags import StopFlags
+from flows.training.rank.stop_flags import StopFlags
 
 
 def main(order: StandbyOrder, flags: StopFlags) -> NoReturn:
@@ -92,5 +92,5 @@ def _exit(code: int) -> NoReturn:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--standby"]:
-        sys.exit("usage: python -m flows.training.rank_main --standby [EARLY_LOG] (started by flows.training.standby)")
+        sys.exit("usage: python -m flows.training.rank.rank_main --standby [EARLY_LOG] (started by flows.training.launch.standby)")
     run_standby(early_log=sys.argv[2] if len(sys.argv) > 2 else None)

@@ -1,8 +1,8 @@
 """Launch one training segment as `world_size` worker processes and supervise it.
 
-Each worker is a `python -m flows.training.rank_main --standby` process, never a
+Each worker is a `python -m flows.training.rank.rank_main --standby` process, never a
 fork of the flow process (which runs Prefect's threads). A standby imports
-torch, then waits on stdin for a segment. `WorkerPool` (`flows.training.standby`)
+torch, then waits on stdin for a segment. `WorkerPool` (`flows.training.launch.standby`)
 keeps a few standbys ready so that a relaunch does not pay ~4 s of imports per
 worker (torch, and
 `torch._dynamo` which the first optimizer step pulls in): on a small machine
@@ -34,11 +34,11 @@ import time
 from pathlib import Path
 
 from flows.training.control import GpuSlot
-from flows.training.identity import RankIdentity
+from flows.training.launch.identity import RankIdentity
 from flows.training.orders import RankOrder, Seat, StandbyOrder, free_port, rank_orders
 from flows.training.regroup import Next, next_file, result_file, spec_file, write_private
 from flows.training.segment import SegmentResult, SegmentSpec
-from flows.training.standby import POOL, Worker, WorkerPool
+from flows.training.launch.standby import POOL, Worker, WorkerPool
 from flows.training.supervision import (
     HANDOVER_S,
     ProgressCallback,

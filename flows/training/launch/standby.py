@@ -1,8 +1,8 @@
-"""Standby DDP worker processes: `python -m flows.training.rank_main --standby`
+"""Standby DDP worker processes: `python -m flows.training.rank.rank_main --standby`
 processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
-imports anything heavy (see `flows.training.boot`). `flows.training.launcher`
+imports anything heavy (see `flows.training.launch.boot`). `flows.training.coordinator.launcher`
 hands them to segments; missing standbys are started on demand.
 """
 
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Union
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_REPO_ROOT = str(Path(__file__).resolve().parents[3])
 EXTRA_ENV = "ELASTICFLOW_RANK_ENV"  # operator's additions to the allow-list, comma-separated names
 
 # What a DDP rank may see of its flow process's environment. Ranks never talk
@@ -142,7 +142,7 @@ class WorkerPool:
         fd, log = tempfile.mkstemp(prefix=f"{EARLY_LOG_PREFIX}{os.getpid()}-", suffix=".log")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flows.training.rank_main", "--standby", log],
+                [sys.executable, "-m", "flows.training.rank.rank_main", "--standby", log],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=fd,
@@ -175,7 +175,7 @@ class WorkerPool:
         and not touched CUDA (a fork server's child before its engine runs)."""
         import torch
 
-        from flows.training import rank_main
+        from flows.training.rank import rank_main
 
         if threading.active_count() > 1 or torch.cuda.is_initialized():
             self.refill(count)  # not safe to fork here: start them as fresh interpreters

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from flows.training.progress import ProgressSnapshot, ProgressTracker
+from flows.training.coordinator.progress import ProgressSnapshot, ProgressTracker
 from flows.training.segment import SegmentResult
 from scheduler_service.contracts import Label, StateName, training_event
 

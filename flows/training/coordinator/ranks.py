@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Protocol
 
 from flows.training.control import FileControlChannel, GpuSlot
-from flows.training.identity import RankIdentity
-from flows.training.launcher import POOL, Segment, prune_segment_dirs
+from flows.training.launch.identity import RankIdentity
+from flows.training.coordinator.launcher import POOL, Segment, prune_segment_dirs
 from flows.training.segment import SegmentSpec
-from flows.training.standby import WorkerPool
+from flows.training.launch.standby import WorkerPool
 from flows.training.supervision import RunningSegment
 
 KEEP_SEGMENT_DIRS = 5  # a local run's newest segment folders (logs, progress, result) kept for a post-mortem
@@ -71,7 +71,7 @@ def ranks_for(
         from flows.training.ray_nodes import loopback_before_import
 
         loopback_before_import(ray_address)  # before `ray` is imported, below
-        from flows.training.ray_ranks import RayRanks
+        from flows.training.coordinator.ray_ranks import RayRanks
 
         return RayRanks(ray_address, run_key, channel)
     return LocalRanks(channel.folder / "segments", identity=identity)

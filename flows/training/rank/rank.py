@@ -35,14 +35,14 @@ from torch.nn.parallel import DistributedDataParallel
 from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
 from flows.training.control import FileControlChannel
 from flows.training.orders import RankOrder
-from flows.training.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
+from flows.training.rank.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
 from flows.training.regroup import Next, await_next, result_file, write_private
-from flows.training.sampler import batch_indices, micro_batches, shard_bounds
-from flows.training.saving import Saves, cpu_copy
+from flows.training.rank.sampler import batch_indices, micro_batches, shard_bounds
+from flows.training.rank.saving import Saves, cpu_copy
 from flows.training.segment import SegmentResult, SegmentSpec, SegmentTimings, StopReason
-from flows.training.stop_flags import StopFlags
+from flows.training.rank.stop_flags import StopFlags
 from flows.training.supervision import PROGRESS_FILE, ProgressLine
-from flows.training.task import Task, make_deterministic, to_device
+from flows.training.rank.task import Task, make_deterministic, to_device
 
 log = logging.getLogger("elasticflow.worker")
 

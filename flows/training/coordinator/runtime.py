@@ -26,16 +26,16 @@ import torch
 
 from elasticflow_block.home import elasticflow_home
 from elasticflow_block.storage import CheckpointStorage, resolve_checkpoint_url
-from flows.training import identity
+from flows.training.launch import identity
 from flows.training.control import FileControlChannel, default_control_root
 from flows.training.params import TrainParameters
-from flows.training.progress import ProgressTracker
-from flows.training.ranks import ranks_for
-from flows.training.run_state import CheckpointSaveFailed, RunState, Status, TrainResult
+from flows.training.coordinator.progress import ProgressTracker
+from flows.training.coordinator.ranks import ranks_for
+from flows.training.coordinator.run_state import CheckpointSaveFailed, RunState, Status, TrainResult
 from flows.training.segment import SegmentResult, SegmentSpec
 from flows.training.supervision import ProgressCallback, ProgressLine, RunningSegment
 from flows.training.task_check import dataset_size
-from flows.training.termination import Termination
+from flows.training.coordinator.termination import Termination
 
 log = logging.getLogger("elasticflow.runtime")
 

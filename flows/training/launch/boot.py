@@ -1,5 +1,5 @@
 """Entry point of a flow process started by the `elasticflow` worker:
-`python -m flows.training.boot` instead of `python -m prefect.engine`.
+`python -m flows.training.launch.boot` instead of `python -m prefect.engine`.
 
 1. Its own session, as Prefect's default launcher gives a flow process: a
    terminal's Ctrl-C does not reach it, a run keeps training when its worker
@@ -8,7 +8,7 @@
    `prefect worker start`) still stops its runs on the way out, checkpointed:
    that is Prefect's worker shutdown (docs/operating.md).
 2. Warm start: if the worker runs a fork server (`ELASTICFLOW_FORKSERVER`, see
-   `flows.training.forkserver`), the flow process is forked from it with
+   `flows.training.launch.forkserver`), the flow process is forked from it with
    Prefect, the flow and torch already imported, and this process only relays:
    signals to it, its exit status back to Prefect.
 3. Cold start otherwise (no server, or it refused): the run's standby DDP
@@ -45,9 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-from flows.training.pause import stack_stopping
+from flows.training.launch.pause import stack_stopping
 
-FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.forkserver, which imports torch
+FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.launch.forkserver, which imports torch
 WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
 API_WAIT_S = 600.0  # how long a flow process waits for its Prefect server to listen before the engine starts
@@ -89,11 +89,11 @@ def run_engine(fork_standbys: bool = False, client_pid: int | None = None) -> in
     """Start the run's DDP workers, then run Prefect's engine here. Forked
     workers need torch imported and no thread started yet (a fork server's
     child, which also watches its `client_pid`, the boot process)."""
-    from flows.training.launch import standby_of
+    from flows.training.launch.spec import standby_of
 
     world = standby_of(dict(os.environ))
     if world > 0:
-        from flows.training.standby import POOL
+        from flows.training.launch.standby import POOL
 
         if fork_standbys:
             POOL.fork(world)

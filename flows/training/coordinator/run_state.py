@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 from elasticflow_block.storage import CheckpointStorage
 from flows.training.control import ControlAck, FileControlChannel, GpuSlot
 from flows.training.params import TrainParameters
-from flows.training.progress import ProgressTracker
-from flows.training.ranks import Ranks
+from flows.training.coordinator.progress import ProgressTracker
+from flows.training.coordinator.ranks import Ranks
 from flows.training.segment import SegmentResult
 from flows.training.supervision import Failure, RunningSegment
 

@@ -1,6 +1,6 @@
 """What runs on the Ray nodes: a rank actor, and the small tasks the
 coordinating flow process pins on a node (is it up, are a segment's
-processes gone). See `flows.training.ray_ranks` for the coordinator's side.
+processes gone). See `flows.training.coordinator.ray_ranks` for the coordinator's side.
 
 A rank actor is one DDP rank for one segment: it says where it landed, then
 trains with the same `Worker` a local rank process uses, from a folder of
@@ -30,7 +30,7 @@ import ray  # noqa: E402
 from flows.training.orders import RankOrder, free_port  # noqa: E402
 from flows.training.regroup import result_file, spec_file, write_private  # noqa: E402
 from flows.training.segment import SegmentSpec  # noqa: E402
-from flows.training.stop_flags import StopFlags  # noqa: E402
+from flows.training.rank.stop_flags import StopFlags  # noqa: E402
 from flows.training.supervision import ProgressLine, read_progress  # noqa: E402
 
 
@@ -63,7 +63,7 @@ class RankActor:
 
         os.umask(0o077)  # checkpoints, logs, progress: private
         self.dir: Path | None = None
-        self.worker: Any = None  # flows.training.rank.Worker, once the segment started
+        self.worker: Any = None  # flows.training.rank.rank.Worker, once the segment started
         self.lock = threading.Lock()  # `stop` and the training thread, on the stop flag
         self.stop_seq = 0  # the newest command a stop was asked for
         # Its parent is its node's raylet: Ray ends it with its owner, the flow process.
@@ -84,7 +84,7 @@ class RankActor:
         process ends with the actor, which the coordinator kills)."""
         import torch
 
-        from flows.training import rank as rank_mod
+        from flows.training.rank import rank as rank_mod
 
         os.environ.update(order.env())
         self.dir = Path(tempfile.mkdtemp(prefix="elasticflow-rank-"))

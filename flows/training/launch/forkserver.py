@@ -8,9 +8,9 @@ training iteration (docs/service.md, "Latency"). A fork of a process that has
 already paid for the imports starts in milliseconds, and so do DDP workers
 forked from it before the engine starts any thread.
 
-The `elasticflow` worker starts one server (`python -m flows.training.forkserver
+The `elasticflow` worker starts one server (`python -m flows.training.launch.forkserver
 SOCKET`) and tells flow processes where it listens (`ELASTICFLOW_FORKSERVER`).
-Prefect still starts what it always starts, `python -m flows.training.boot`,
+Prefect still starts what it always starts, `python -m flows.training.launch.boot`,
 which imports only the standard library: it connects, hands over its
 environment, working directory and stdin/stdout/stderr, forwards the signals it
 gets to the forked flow process and exits with its exit status, so Prefect's
@@ -49,9 +49,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.training.boot import PRIVATE_UMASK, record_group
-from flows.training.launch import standby_of
-from flows.training.standby import is_secret
+from flows.training.launch.boot import PRIVATE_UMASK, record_group
+from flows.training.launch.spec import standby_of
+from flows.training.launch.standby import is_secret
 
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
 RELAYED = {signal.SIGTERM, signal.SIGINT}  # the server handles them, and a client relays them to its flow process
@@ -87,7 +87,7 @@ class ForkJob:
         except OSError as exc:
             print(f"elasticflow: working directory {self.cwd}: {exc}", file=sys.stderr)
             return 1
-        from flows.training import boot
+        from flows.training.launch import boot
 
         return boot.run_engine(fork_standbys=True, client_pid=self.client_pid)
 
@@ -286,13 +286,13 @@ def launch(home: Path) -> tuple[subprocess.Popen[bytes], Path]:
     env |= {"ELASTICFLOW_HOME": str(home),
            # torch.cuda.is_available() through NVML, which leaves forks free to use CUDA
            "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(logs / "forkserver.log", "ab", opener=lambda name, flags: os.open(name, flags, 0o600)) as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.training.forkserver", str(path), str(os.getpid())], env=env,
+            [sys.executable, "-m", "flows.training.launch.forkserver", str(path), str(os.getpid())], env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=path.parent)  # like Prefect's workspace folder: no prefect.toml or .env of the worker's
     record_group(home, process.pid, "fork server")
@@ -305,7 +305,7 @@ def _warm_up() -> None:
     import torch._dynamo  # noqa: F401  # the first optimizer step imports it: ~2 s
 
     import flows.train  # noqa: F401
-    import flows.training.rank_main  # noqa: F401
+    import flows.training.rank.rank_main  # noqa: F401
 
 
 def main(argv: list[str]) -> int:

@@ -38,9 +38,9 @@ import ray  # noqa: E402
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
 from flows.training.orders import RankOrder, rank_orders  # noqa: E402
 from flows.training.regroup import Next, next_file, spec_file  # noqa: E402
-from flows.training.ray_actor import MisplacedRank  # noqa: E402
-from flows.training.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
-from flows.training.ray_where import answers, lost, ray_seats, slots_for  # noqa: E402
+from flows.training.rank.ray_actor import MisplacedRank  # noqa: E402
+from flows.training.coordinator.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
+from flows.training.coordinator.ray_where import answers, lost, ray_seats, slots_for  # noqa: E402
 from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
 from flows.training.supervision import (  # noqa: E402
     HANDOVER_S,

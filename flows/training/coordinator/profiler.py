@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from elasticflow_block.home import elasticflow_home
-from flows.training import identity
+from flows.training.launch import identity
 from flows.training.control import FileControlChannel, GpuSlot
 from flows.training.params import Hyperparameters, TrainParameters
-from flows.training.ranks import LocalRanks, ranks_for
-from flows.training.runtime import default_device
+from flows.training.coordinator.ranks import LocalRanks, ranks_for
+from flows.training.coordinator.runtime import default_device
 from flows.training.segment import SegmentResult, SegmentSpec
 from flows.training.supervision import RunningSegment
 

@@ -23,11 +23,11 @@ from prefect.exceptions import Pause, TerminationSignal
 from prefect.runtime import flow_run
 
 from flows.training.control import FileControlChannel, default_control_root
+from flows.training.coordinator.runtime import TrainResult, run_training
+from flows.training.launch.pause import stack_stopping
 from flows.training.launch.spec import LaunchSpec
 from flows.training.params import TrainParameters
-from flows.training.launch.pause import stack_stopping
 from flows.training.reporting.prefect_progress import PrefectProgress
-from flows.training.coordinator.runtime import TrainResult, run_training
 from flows.training.segment import SegmentResult
 from scheduler_service.contracts import StateName
 

@@ -54,7 +54,7 @@ def check_task(params: Any, count: bool = False, timeout_s: float = TIMEOUT_S) -
     resolve; with `count`, the length of its user dataset. Nothing is started
     for a task of built-in names only."""
     from flows.training.launch import identity
-    from flows.training.launch.standby import _REPO_ROOT, rank_env
+    from flows.training.launch.standby import REPO_ROOT, rank_env, with_repo_on_path
 
     paths = user_paths(params)
     count = count and "dataset" in paths
@@ -65,7 +65,7 @@ def check_task(params: Any, count: bool = False, timeout_s: float = TIMEOUT_S) -
     read, write = os.pipe()
     env = rank_env(dict(os.environ))
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
+    with_repo_on_path(env)
     account: dict[str, Any] = {}
     user = identity.configured_user()
     if user is not None and os.geteuid() == 0:  # the ranks' account, without any run's group
@@ -73,7 +73,7 @@ def check_task(params: Any, count: bool = False, timeout_s: float = TIMEOUT_S) -
         account = {"user": found.pw_uid, "group": found.pw_gid, "extra_groups": []}
     try:
         proc = subprocess.Popen([sys.executable, "-m", "flows.training.task_check", str(write)], env=env,
-                                cwd=_REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, pass_fds=(write,), **account)
     finally:
         os.close(write)

@@ -4,9 +4,10 @@ stop. The flow process's entry (`boot`) and its warm fork server
 rank processes and their environment allow-list (`standby`), the account the
 ranks run as (`identity`) and the stack's `stopping` mark (`pause`).
 
-The bottom layer: the standard library and pydantic only, and nothing of
-`flows.training` outside this package, so that the worker starts runs
-without loading the rank's code. The rank's entry (`rank.rank_main`) and the `train` flow are named
-only in the process that becomes them (a forked standby, the fork server's
-warm-up).
+The bottom layer: at import, the standard library and pydantic only (Prefect
+and torch only inside the functions that start or warm a process), and
+nothing of `flows.training` outside this package, so that the worker starts
+runs without loading the rank's code. The rank's entry (`rank.rank_main`) and
+the `train` flow are named only in the process that becomes them (a forked
+standby, the fork server's warm-up).
 """

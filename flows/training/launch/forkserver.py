@@ -51,7 +51,7 @@ from pathlib import Path
 
 from flows.training.launch.boot import PRIVATE_UMASK, record_group
 from flows.training.launch.spec import standby_of
-from flows.training.launch.standby import is_secret
+from flows.training.launch.standby import is_secret, with_repo_on_path
 
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
 RELAYED = {signal.SIGTERM, signal.SIGINT}  # the server handles them, and a client relays them to its flow process
@@ -286,8 +286,7 @@ def launch(home: Path) -> tuple[subprocess.Popen[bytes], Path]:
     env |= {"ELASTICFLOW_HOME": str(home),
            # torch.cuda.is_available() through NVML, which leaves forks free to use CUDA
            "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with_repo_on_path(env)
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(logs / "forkserver.log", "ab", opener=lambda name, flags: os.open(name, flags, 0o600)) as log:

@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 from typing import IO, Union
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[3])
+# The project's root: on the path of every process the stack starts (fork
+# server, standbys, the take-in check), so `flows` and the allowed model
+# packages import there whatever the folder it starts in.
+REPO_ROOT = str(Path(__file__).resolve().parents[3])
 EXTRA_ENV = "ELASTICFLOW_RANK_ENV"  # operator's additions to the allow-list, comma-separated names
 
 # What a DDP rank may see of its flow process's environment. Ranks never talk
@@ -42,6 +45,12 @@ def is_secret(name: str) -> bool:
     environment); the fork server and the ranks it forks never hold it."""
     upper = name.upper()
     return upper in SECRET_NAMES or any(word in upper for word in ("PASSWORD", "SECRET", "DATABASE_URL"))
+
+
+def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the project's root first on PYTHONPATH."""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    return env
 
 
 def rank_env(env: dict[str, str]) -> dict[str, str]:
@@ -136,7 +145,7 @@ class WorkerPool:
             sweep_early_logs()
         env = rank_env(dict(os.environ))
         env["OMP_NUM_THREADS"] = "1"  # read once at process start by the OpenMP runtime
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
+        with_repo_on_path(env)
         # What it says before it has a segment's log, kept for a crash report;
         # removed by the standby itself once handed a segment or told to go.
         fd, log = tempfile.mkstemp(prefix=f"{EARLY_LOG_PREFIX}{os.getpid()}-", suffix=".log")

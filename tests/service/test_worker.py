@@ -59,10 +59,13 @@ def test_an_admitted_run_takes_both_slots_and_a_second_arrival_shrinks_it_in_pla
     first shrinks in place, inside the same flow run) and completes. (A run
     resized in place training on to its end: tests/runtime/test_resize_in_place.py,
     and through the service test_teams_stack.py and the Ray stack test.)"""
-    # It cannot end before the second one's deadline however fast this machine trains, so the
-    # second cannot wait for it; cancelled once that is seen, not trained to its end.
+    # It cannot end before the second one's deadline however fast this machine trains (CI's
+    # trained 20,000 iterations in 80 s, and the cancellation below then landed on a run that had
+    # just completed), so the second cannot wait for it; cancelled once that is seen, not trained
+    # to its end. 200,000 iterations are 10,000 s at the profiled rate: due in twelve hours, room
+    # for a machine that trains at a quarter of the profile.
     stack.wait_idle()  # alone: the run before this one may still hold a slot while its process ends
-    first = stack.submit(iterations=20_000, deadline="+30m", checkpoint_interval=500)
+    first = stack.submit(iterations=200_000, deadline="+12h", checkpoint_interval=500)
     try:
         status = stack.home / "control" / first / "status.json"
 

@@ -21,16 +21,18 @@ A rank that waits too long, or whose launcher is gone, or that is asked to
 stop (SIGTERM) while it waits, saves and exits, as it would at the end of a
 segment: a paused rank never outlives its run.
 
-The launcher side (`launcher.Segment.regroup`) and the rank side (`rank`)
-share these files and `Next`; pydantic and the standard library only.
+The coordinator side (`coordinator.segment_machine.Segment.regroup`, with
+`plan_regroup` deciding who stays, joins and leaves) and the rank side
+(`rank`) share these files and `Next`; pydantic and the standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Hashable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,6 +51,36 @@ class Next(BaseModel):
     spec_file: str = Field("", description="the new round's SegmentSpec, in the segment's folder")
     orders: dict[int, RankOrder | None] = Field(default_factory=dict,
                                                 description="by rank in the paused round: its new order, or None: it leaves")
+
+
+@dataclass(frozen=True)
+class RegroupPlan:
+    """Who goes on from a paused round: the ranks that stay (in their order:
+    the first is the new rank 0, and so holds the state to broadcast), the
+    positions of the new set that newcomers take, and the ranks that leave."""
+
+    stay: list[int]  # ranks of the paused round
+    joining: list[int]  # indices into the new set
+    leaving: list[int]  # ranks of the paused round
+
+    def word(self, round_: int, orders: list[RankOrder], old_world: int) -> Next:
+        """What the paused ranks are told: each one that stays, its order in
+        the new round (the stayers hold its first orders); the others, None."""
+        return Next(round=round_, action="regroup", spec_file=spec_file(round_),
+                    orders={r: orders[self.stay.index(r)] if r in self.stay else None for r in range(old_world)})
+
+
+def plan_regroup(old: list[tuple[int, Hashable]], new: list[tuple[int, Hashable]]) -> RegroupPlan:
+    """From ranks on `old` to ranks on `new`, each a (GPU id, slot) per rank
+    (a slot says where that GPU is: itself on one machine, its node and
+    device on a cluster): a rank stays where its GPU is in the new set at the
+    same slot; every other GPU of the new set gets a newcomer. No rank staying
+    means no resize in place: the ranks save and the next segment starts anew."""
+    place = dict(new)
+    stay = [r for r, (gpu, slot) in enumerate(old) if place.get(gpu) == slot]
+    kept = {old[r][0] for r in stay}
+    return RegroupPlan(stay, [i for i, (gpu, _) in enumerate(new) if gpu not in kept],
+                       [r for r in range(len(old)) if r not in stay])
 
 
 def spec_file(round_: int) -> str:

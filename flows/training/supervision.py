@@ -1,8 +1,8 @@
-"""Supervising a segment, whichever launcher runs its ranks: the interface the
-training loop drives, and what the local launcher (`launcher.Segment`) and the
-Ray one (`ray_ranks.RaySegment`) share, written once: how long a rank may
-take to take its part, how rank 0's progress is read, and which failed rank
-a crash report blames.
+"""Supervising a segment, whichever transport carries its ranks: the
+interface the training loop drives (`coordinator.segment_machine.Segment`
+implements it), and what the ranks and the coordinator share: how long a
+rank may take to take its part, how rank 0's progress is read, and which
+failed rank a crash report blames.
 
 No torch, no Ray: the rank processes and the Ray actors import it too.
 """

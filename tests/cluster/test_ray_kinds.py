@@ -42,8 +42,8 @@ def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(
         on_other = run_training(make_params(gpu_plan=[[0, 1]], iterations=10), "on-the-other",
                                 segment_hook=seen.append)
         assert on_t4.status == "completed" and on_other.status == "completed"
-        assert {w["node"] for w in seen[0].where} == {t4}
-        assert t4 not in {w["node"] for w in seen[1].where}
+        assert {r.where["node"] for r in seen[0].ranks} == {t4}
+        assert t4 not in {r.where["node"] for r in seen[1].ranks}
 
         # A model the service profiles on first use is measured on the nodes
         # of the GPUs it was given, as Ray actors, and kept as that kind's curve.
@@ -51,8 +51,8 @@ def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(
         curve = profile_throughput("mlp", 32, [1, 2], iterations=6, warmup=2, device="cpu", gpu_ids=[4, 5],
                                    timeout_s=240, ray_address=ray_address, placement=cluster.locate((4, 5)),
                                    segment_hook=profiled.append)
-        assert set(curve) == {1, 2} and [len(s.where) for s in profiled] == [1, 2]
-        assert {w["node"] for s in profiled for w in s.where} == {t4}  # there, not in this machine's processes
+        assert set(curve) == {1, 2} and [len(s.ranks) for s in profiled] == [1, 2]
+        assert {r.where["node"] for s in profiled for r in s.ranks} == {t4}  # there, not in this machine's processes
         measure = measure_where_runs_train("cpu", 6, 240, lambda: cluster, ray_address)
         request = read_request({"model": "mlp", "iterations": 10, "device": "cpu",
                                 "hyperparameters": {"global_batch_size": 32}}, 0.0)

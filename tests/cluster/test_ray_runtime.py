@@ -50,8 +50,8 @@ def test_a_two_slot_run_lands_on_one_node_on_exactly_the_named_slots(
     assert result.status == "completed"
     (segment,) = segments
     node_1 = nodes_by_name()["ray-node-1"]
-    assert [(s.node, s.index) for s in segment.placement] == [(node_1, 0), (node_1, 1)]
-    assert {w["node"] for w in segment.where} == {node_1}  # where each actor says it runs
+    assert [(s.node, s.index) for s in segment.slots] == [(node_1, 0), (node_1, 1)]
+    assert {r.where["node"] for r in segment.ranks} == {node_1}  # where each actor says it runs
     assert all(gone(pid) for pid in segment.pids)  # a segment's processes end with it
     assert_same_losses(result.losses, reference[:20])
 
@@ -61,7 +61,7 @@ def test_a_four_slot_run_spans_both_nodes_and_reduces_correctly(
     segments, hook = capture_segments()
     result = run_training(make_params(gpu_plan=[[0, 1, 2, 3]]), "four-slots", segment_hook=hook)
     (segment,) = segments
-    assert {w["node"] for w in segment.where} == set(nodes_by_name().values())
+    assert {r.where["node"] for r in segment.ranks} == set(nodes_by_name().values())
     assert len(set(segment.pids)) == 4
     # What each rank was told: local ranks counted per node, the rendezvous on
     # rank 0's node, collectives on the interface of the node's address.

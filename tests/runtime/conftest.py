@@ -66,7 +66,7 @@ def when_progress(
 ) -> threading.Thread:
     """Run `action` from a thread once rank 0's last progress line (a
     `ProgressLine` as a dict) satisfies `reached` (polled every 2 ms)."""
-    folder: Path = segment.dir  # type: ignore[attr-defined]  # a local segment's folder
+    folder: Path = segment.transport.dir  # type: ignore[attr-defined]  # a local segment's folder
 
     def watch() -> None:
         import json

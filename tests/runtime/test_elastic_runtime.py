@@ -182,8 +182,8 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(
     assert result.status == "completed" and result.restarts == 1
     assert [s.reason for s in result.segments] == ["crashed", "completed"]
     assert result.segments[0].error.startswith("worker rank 1 exited with -9")  # the cause, not the casualties
-    done_before = progress_iterations(segments[0].dir)
-    done_after = progress_iterations(segments[1].dir)
+    done_before = progress_iterations(segments[0].transport.dir)
+    done_after = progress_iterations(segments[1].transport.dir)
     resumed_from = result.segments[1].start_iteration
     assert resumed_from % interval == 0 and resumed_from <= done_before[-1]
     repeated = done_before[-1] - resumed_from

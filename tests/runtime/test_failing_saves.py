@@ -62,7 +62,7 @@ def test_a_store_that_stops_taking_saves_ends_the_run_with_its_error_and_no_rest
         run_training(params, "unsaved", segment_hook=on_segment)
     assert len(segments) == 1  # never relaunched, so never sent back to an older checkpoint
     assert channel.acknowledged() is None  # the resize was refused, not applied
-    done = progress_iterations(segments[0].dir)
+    done = progress_iterations(segments[0].transport.dir)
     last_good = CheckpointStorage(str(kept[0].parent)).iterations(kept[0].name)[-1]
     assert 10 <= last_good < done[-1]  # it trained on past its last good save
     assert done == list(range(1, done[-1] + 1))  # one segment's iterations, none redone

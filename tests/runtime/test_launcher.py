@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.training.datasets import DatasetSpec
-from flows.training.coordinator.launcher import Segment, WorkerPool
+from flows.training.coordinator.launcher import WorkerPool, local_segment
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
 
@@ -32,13 +32,13 @@ def test_a_standby_runs_the_next_segment_and_a_missing_one_starts_cold(tmp_path:
     try:
         pool.refill(1)
         standby_pid = pool._standby[0].pid
-        segment = Segment(_spec(tmp_path, 3), [0, 1], pool=pool)
+        segment = local_segment(_spec(tmp_path, 3), [0, 1], pool=pool)
         segment.start()
         assert segment.pids[0] == standby_pid and segment.pids[1] != standby_pid
         assert pool.size == 0
         result = segment.wait()
         assert result.reason == "completed" and result.end_iteration == 3
-        assert (segment.dir / "rank1.log").exists()  # the hand-over redirected its output
+        assert (segment.transport.dir / "rank1.log").exists()  # the hand-over redirected its output
     finally:
         pool.close()
 
@@ -54,11 +54,11 @@ def test_standbys_exit_when_the_launcher_goes(tmp_path: Path) -> None:
 
 
 def test_a_segment_that_does_not_end_in_its_time_is_stopped_and_reported(tmp_path: Path) -> None:
-    segment = Segment(_spec(tmp_path, 1_000_000), [0, 1], pool=WorkerPool())
+    segment = local_segment(_spec(tmp_path, 1_000_000), [0, 1], pool=WorkerPool())
     segment.start()
     result = segment.wait(timeout_s=3.0)
     assert result.reason == "crashed" and "did not finish in 3 s" in (result.error or "")
-    assert all(proc.poll() is not None for proc in segment.procs)  # nothing left holding the GPUs
+    assert all(r.proc.poll() is not None for r in segment.ranks)  # nothing left holding the GPUs
 
 
 def test_a_profile_past_its_time_raises_instead_of_blocking_the_service() -> None:
@@ -77,11 +77,11 @@ def test_a_worker_gone_before_taking_its_segment_fails_the_segment_at_once(tmp_p
     # A "standby" that exits cleanly a moment after it is handed a segment, without ever reading it.
     pool._standby.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"],
                                           stdin=subprocess.PIPE))
-    segment = Segment(_spec(tmp_path, 1_000_000), [0, 1], pool=pool)
+    segment = local_segment(_spec(tmp_path, 1_000_000), [0, 1], pool=pool)
     try:
         segment.start()
         result = segment.wait(timeout_s=120.0)  # without the check: the other rank waits in its rendezvous
     finally:
         pool.close()
     assert result.reason == "crashed" and "worker rank 0 never took its segment" in (result.error or "")
-    assert all(proc.poll() is not None for proc in segment.procs)
+    assert all(r.proc.poll() is not None for r in segment.ranks)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.training.datasets import DatasetSpec
-from flows.training.coordinator.launcher import Segment, WorkerPool
+from flows.training.coordinator.launcher import WorkerPool, local_segment
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
 from flows.training.launch.standby import rank_env
@@ -44,15 +44,15 @@ def test_running_ranks_hold_no_secret_listen_on_loopback_and_write_private_files
                        hyperparameters=Hyperparameters(global_batch_size=8), total_iterations=1_000_000,
                        stop_at=1_000_000, checkpoint_interval=5, checkpoint_url=str(tmp_path / "home" / "ck"))
     pool = WorkerPool()
-    segment = Segment(spec, [0, 1], workdir=tmp_path / "home" / "segments", pool=pool)
+    segment = local_segment(spec, [0, 1], workdir=tmp_path / "home" / "segments", pool=pool)
     segment.start()
     try:
         deadline = time.time() + 240  # imports and rendezvous on a busy machine; training then runs on
-        while not list((tmp_path / "home" / "ck").rglob("*")) or not read_progress(segment.dir, 0)[0]:
+        while not list((tmp_path / "home" / "ck").rglob("*")) or not read_progress(segment.transport.dir, 0)[0]:
             assert time.time() < deadline, "the ranks never trained and checkpointed"
-            assert all(p.poll() is None for p in segment.procs), [
-                (segment.dir / f"rank{r}.log").read_text(errors="replace") for r in (0, 1)
-                if (segment.dir / f"rank{r}.log").exists()]
+            assert all(r.proc.poll() is None for r in segment.ranks), [
+                (segment.transport.dir / f"rank{r}.log").read_text(errors="replace") for r in (0, 1)
+                if (segment.transport.dir / f"rank{r}.log").exists()]
             time.sleep(0.5)
         for pid in segment.pids:
             seen = environ(pid)
@@ -64,4 +64,4 @@ def test_running_ranks_hold_no_secret_listen_on_loopback_and_write_private_files
     finally:
         segment.kill(grace_s=10.0)
         pool.close()
-    assert too_open(tmp_path / "home" / "ck") == [] and too_open(segment.dir) == []
+    assert too_open(tmp_path / "home" / "ck") == [] and too_open(segment.transport.dir) == []

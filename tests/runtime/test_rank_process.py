@@ -25,16 +25,21 @@ def test_the_early_logs_of_a_gone_flow_process_are_swept_and_no_others(tmp_path:
     assert not left.exists() and mine.exists() and alive.exists() and unnamed.exists()
 
 
-def test_a_ranks_stop_flags_each_come_from_their_own_source() -> None:
-    from flows.training.rank.stop_flags import StopFlags
+def test_a_ranks_stop_flags_each_come_from_their_own_source(tmp_path: Path) -> None:
+    from flows.training.rank.stop_flags import STOP_FILE, StopFlags
 
     flags = StopFlags.of_this_process()
-    assert not (flags.terminated or flags.stop_asked or flags.orphaned)
-    flags.ask_stop()
-    assert flags.stop_asked and not flags.terminated
-    flags.ask_stop(False)  # a stop for a command its new round already applies no longer stands
+    assert not (flags.terminated or flags.stop_asked(0) or flags.orphaned)
+    flags.ask_stop(3)  # the scheduler's stop for its command 3, as a Ray actor is told it
+    assert flags.stop_asked(2) and not flags.terminated
+    assert not flags.stop_asked(3)  # a stop for a command its new round already applies no longer stands
+    heard = StopFlags.of_this_process()
+    heard.listen(tmp_path)  # a process rank: the coordinator forwards it as a file of its segment
+    assert not heard.stop_asked(0)
+    (tmp_path / STOP_FILE).write_text("5")
+    assert heard.stop_asked(4) and not heard.stop_asked(5)
     flags.on_sigterm(15, None)
-    assert flags.terminated and not flags.stop_asked
+    assert flags.terminated and not flags.stop_asked(3)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     assert StopFlags(gone.pid).orphaned  # launched by a process that is not its parent now

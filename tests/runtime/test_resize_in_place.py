@@ -101,7 +101,7 @@ def test_a_stop_while_paused_saves_where_the_ranks_stand(
     assert [r.how for r in result.rescales] == ["restart"]
     assert result.segments[0].checkpoint_iteration == 70 and result.segments[1].start_iteration == 70
     assert not process_alive(pids[0][0])
-    assert progress_iterations(seen[1].dir)[0] == 71  # type: ignore[attr-defined]
+    assert progress_iterations(seen[1].transport.dir)[0] == 71  # type: ignore[attr-defined]
     assert_same_trajectory(result.losses, reference())
 
 

@@ -15,7 +15,7 @@ import pytest
 from flows.training.control import GpuSlot
 from flows.training.datasets import DatasetSpec
 from flows.training.launch.spec import LaunchSpec, standby_of
-from flows.training.coordinator.launcher import Segment, WorkerPool, local_seats
+from flows.training.coordinator.launcher import WorkerPool, local_seats, local_segment
 from flows.training.orders import Seat, StandbyOrder, free_port, rank_orders
 from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
@@ -88,16 +88,16 @@ def test_the_local_launcher_hands_each_standby_its_rank_order(tmp_path: Path) ->
     spec = SegmentSpec(run_key="orders", model="mlp", dataset=DatasetSpec(name="synthetic-vectors"),
                        hyperparameters=Hyperparameters(global_batch_size=8), total_iterations=1, stop_at=1,
                        checkpoint_interval=1, checkpoint_url=str(tmp_path / "ck"), device="cuda")
-    segment = Segment(spec, [2, 3], pool=pool)
+    segment = local_segment(spec, [2, 3], pool=pool)
     segment.start()
-    for proc in segment.procs:
-        proc.wait(timeout=60)
+    for rank in segment.ranks:
+        rank.proc.wait(timeout=60)
     handed = [StandbyOrder.model_validate_json(path.read_text()) for path in received]
     assert [h.order for h in handed] == segment.orders
     assert segment.orders == rank_orders(local_seats([2, 3]), "127.0.0.1", segment.orders[0].master_port, "cuda",
                                          segment.launch_t, [2, 3])
     assert [o.env()["CUDA_VISIBLE_DEVICES"] for o in segment.orders] == ["2", "3"]
-    assert {Path(h.segment_dir) for h in handed} == {segment.dir} and handed[1].log.endswith("rank1.log")
+    assert {Path(h.segment_dir) for h in handed} == {segment.transport.dir} and handed[1].log.endswith("rank1.log")
 
 
 def test_the_progress_tail_leaves_a_line_being_written_for_the_next_read(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from typing import Protocol
 
 from flows.training.control import FileControlChannel, GpuSlot
 from flows.training.launch.identity import RankIdentity
-from flows.training.coordinator.launcher import POOL, Segment, prune_segment_dirs
+from flows.training.coordinator.launcher import POOL, local_segment, prune_segment_dirs
+from flows.training.coordinator.segment_machine import Segment
 from flows.training.segment import SegmentSpec
 from flows.training.launch.standby import WorkerPool
 from flows.training.supervision import RunningSegment
@@ -20,7 +21,7 @@ KEEP_SEGMENT_DIRS = 5  # a local run's newest segment folders (logs, progress, r
 
 
 class Ranks(Protocol):
-    in_place: bool  # its segments pause at a stop and resize in place (launcher.Segment.regroup)
+    in_place: bool  # its segments pause at a stop and resize in place (segment_machine.Segment.regroup)
 
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> RunningSegment:
         """The next segment on `gpus` (on a cluster, the slots `placement` names), not started yet."""
@@ -44,12 +45,13 @@ class LocalRanks:
 
     in_place = True
 
-    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL, identity: RankIdentity | None = None) -> None:
-        self.segments_dir, self.pool, self.identity = segments_dir, pool, identity
+    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL, identity: RankIdentity | None = None,
+                 control: FileControlChannel | None = None) -> None:
+        self.segments_dir, self.pool, self.identity, self.control = segments_dir, pool, identity, control
 
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> Segment:
         prune_segment_dirs(self.segments_dir, keep=KEEP_SEGMENT_DIRS - 1)  # and this one makes the count
-        return Segment(spec, gpus, workdir=self.segments_dir, pool=self.pool, identity=self.identity)
+        return local_segment(spec, gpus, self.segments_dir, self.pool, self.identity, self.control)
 
     def refill(self, upcoming: list[int]) -> None:
         self.pool.refill(len(upcoming))
@@ -74,4 +76,4 @@ def ranks_for(
         from flows.training.coordinator.ray_ranks import RayRanks
 
         return RayRanks(ray_address, run_key, channel)
-    return LocalRanks(channel.folder / "segments", identity=identity)
+    return LocalRanks(channel.folder / "segments", identity=identity, control=channel)

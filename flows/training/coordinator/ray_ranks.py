@@ -1,4 +1,6 @@
-"""A segment's DDP ranks as Ray actors, each on the node and GPU its placement names.
+"""A segment's DDP ranks as Ray actors, each on the node and GPU its placement
+names: the Ray transport of a segment (`segment_machine.Segment`, which
+supervises it), and the run's `RayRanks`.
 
 The run's flow process stays where Prefect's worker started it and coordinates:
 it is the Ray driver that owns the actors (so they die with it), hands each
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from flows.training.ray_nodes import connect, loopback_before_import
@@ -36,20 +39,13 @@ loopback_before_import()
 import ray  # noqa: E402
 
 from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
-from flows.training.orders import RankOrder, rank_orders  # noqa: E402
-from flows.training.regroup import Next, next_file, spec_file  # noqa: E402
-from flows.training.rank.ray_actor import MisplacedRank  # noqa: E402
 from flows.training.coordinator.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
 from flows.training.coordinator.ray_where import answers, lost, ray_seats, slots_for  # noqa: E402
-from flows.training.segment import SegmentResult, SegmentSpec  # noqa: E402
-from flows.training.supervision import (  # noqa: E402
-    HANDOVER_S,
-    Failure,
-    ProgressCallback,
-    RankFailure,
-    crash_result,
-    crashed,
-)
+from flows.training.coordinator.segment_machine import RanksGone, Segment  # noqa: E402
+from flows.training.orders import RankOrder, rank_orders  # noqa: E402
+from flows.training.rank.ray_actor import MisplacedRank  # noqa: E402
+from flows.training.segment import SegmentSpec  # noqa: E402
+from flows.training.supervision import HANDOVER_S, Failure, ProgressLine, RankFailure  # noqa: E402
 
 log = logging.getLogger("elasticflow.ray")
 # A rank that is gone or cannot be reached: dead, on a node Ray gave up (an
@@ -66,269 +62,164 @@ def _is_local_path(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
 
 
-def _remote_spec(spec: SegmentSpec) -> str:
-    """The spec as the actors get it: they read no control folder (the
-    coordinator forwards the scheduler's stop)."""
-    return spec.model_copy(update={"control_dir": None}).model_dump_json()
+@dataclass
+class RayRank:
+    """A rank actor: where it landed once asked, its `run` once handed its part."""
+
+    actor: Any
+    slot: GpuSlot
+    where: dict[str, Any] | None = None
+    ref: Any = None
+    offset: int = 0  # in its progress file, should it be rank 0
+    ended: bool = False
 
 
-class RaySegment:
-    """A running segment on Ray (a `supervision.RunningSegment`)."""
+class RayActors:
+    """The Ray transport: every rank an actor pinned to its slot's node,
+    taken warm from the run's `ActorPool`; told through calls, since their
+    folders are on their own nodes."""
 
-    def __init__(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot], pool: ActorPool,
-                 control: FileControlChannel | None = None) -> None:
-        if not gpus or len(placement) != len(gpus):
+    poll_s = 0.2
+
+    def __init__(self, pool: ActorPool) -> None:
+        self.pool = pool
+
+    def slots(self, gpus: list[int], placement: list[GpuSlot] | None) -> list[GpuSlot]:
+        """The slots the scheduler named (a run without one: the GPU ids on the live nodes, by name)."""
+        slots = list(placement) if placement is not None else slots_for(gpus)
+        if len(slots) != len(gpus):
             raise ValueError("a segment needs one slot per GPU")
-        self.spec, self.gpus, self.placement, self.pool, self.control = spec, list(gpus), placement, pool, control
-        self.actors: list[Any] = []
-        self.refs: list[Any] = []
-        self.where: list[dict[str, Any]] = []
-        self.orders: list[RankOrder] = []
-        self.launch_t = 0.0
-        self._offset = 0  # in rank 0's progress file
-        self._iteration = 0  # the last one rank 0 reported
-        self._stop_sent = False
-        self.start_error: str | None = None
-        self.died = False  # a rank's process died under it (killed, or its node lost)
-        self.round = 0  # resizes in place so far
-        self.paused: SegmentResult | None = None  # its ranks wait in memory for the next round
-        self._released: SegmentResult | None = None  # what they said when they saved and left
+        return slots
 
-    @property
-    def pids(self) -> list[int]:
-        return [w["pid"] for w in self.where]
+    def take(self, slots: list[GpuSlot]) -> list[RayRank]:
+        return [RayRank(self.pool.take(slot), slot) for slot in slots]
 
-    @property
-    def nodes(self) -> list[str]:
-        return sorted({slot.name for slot in self.placement})
-
-    def start(self) -> None:
-        """Hand each rank its part. Ranks that cannot start (a node going
-        away) make the segment a crash, as a rank failing later would."""
-        self.launch_t = time.time()
-        self.actors = [self.pool.take(slot) for slot in self.placement]
+    def meet(self, ranks: list[RayRank], slots: list[GpuSlot], gpus: list[int], spec: SegmentSpec,
+             launch_t: float) -> list[RankOrder]:
+        """Each new rank says where it landed (hard affinity makes another
+        node impossible; checked anyway); the group meets at the first's."""
+        new = [rank for rank in ranks if rank.where is None]
         try:
-            self._start()
+            for rank, where in zip(new, ray.get([rank.actor.where.remote() for rank in new], timeout=HANDOVER_S)):
+                rank.where = where
+            for r, (slot, rank) in enumerate(zip(slots, ranks)):
+                if rank.where["node"] != slot.node:  # type: ignore[index]
+                    raise MisplacedRank(f"rank {r} landed on node {rank.where['node']}, not {slot.node} "  # type: ignore[index]
+                                        f"({slot.name})")
+            where = [rank.where for rank in ranks]
+            elsewhere = sorted({w["host"] for w in where} - {socket.gethostname()})  # type: ignore[index]
+            if elsewhere and _is_local_path(spec.checkpoint_url):
+                raise CheckpointStoreNotShared(
+                    f"checkpoint_store {spec.checkpoint_url!r} is a folder on {socket.gethostname()}, but ranks of "
+                    f"this run are on {', '.join(elsewhere)}: set the CheckpointStore block's url (or the run's "
+                    "checkpoint_store) to a URL every node reaches, e.g. s3://bucket/checkpoints")
+            master_ip = where[0]["ip"]  # type: ignore[index]
+            port = ray.get(ranks[0].actor.free_port.remote(master_ip), timeout=HANDOVER_S)
         except (MisplacedRank, *RANKS_GONE) as exc:
-            self.died = self.died or isinstance(exc, (ray.exceptions.RayActorError,
-                                                      ray.exceptions.ActorUnschedulableError))
-            self.start_error = f"ranks could not start on {', '.join(self.nodes)}: {type(exc).__name__}: {exc}"
+            nodes = ", ".join(sorted({slot.name for slot in slots}))
+            raise RanksGone(f"ranks could not start on {nodes}: {type(exc).__name__}: {exc}",
+                            died=isinstance(exc, (ray.exceptions.RayActorError,
+                                                  ray.exceptions.ActorUnschedulableError))) from exc
+        log.debug("ranks meet on Ray run_key=%s gpus=%s master=%s:%d", spec.run_key, gpus, master_ip, port)
+        return rank_orders(ray_seats(slots, where), master_ip, port, spec.device, launch_t, gpus)  # type: ignore[arg-type]
 
-    def _start(self) -> None:
-        self.where = ray.get([a.where.remote() for a in self.actors], timeout=HANDOVER_S)
-        for rank, (slot, where) in enumerate(zip(self.placement, self.where)):
-            if where["node"] != slot.node:  # hard affinity makes this impossible; check anyway
-                raise MisplacedRank(f"rank {rank} landed on node {where['node']}, not {slot.node} ({slot.name})")
-        elsewhere = sorted({w["host"] for w in self.where} - {socket.gethostname()})
-        if elsewhere and _is_local_path(self.spec.checkpoint_url):
-            raise CheckpointStoreNotShared(
-                f"checkpoint_store {self.spec.checkpoint_url!r} is a folder on {socket.gethostname()}, but ranks of "
-                f"this run are on {', '.join(elsewhere)}: set the CheckpointStore block's url (or the run's "
-                "checkpoint_store) to a URL every node reaches, e.g. s3://bucket/checkpoints")
-        master_ip = self.where[0]["ip"]
-        port = ray.get(self.actors[0].free_port.remote(master_ip), timeout=HANDOVER_S)
-        self.orders = rank_orders(ray_seats(self.placement, self.where), master_ip, port, self.spec.device,
-                                  self.launch_t, self.gpus)
-        spec_json = _remote_spec(self.spec)
-        self.refs = [actor.run.remote(spec_json, order) for actor, order in zip(self.actors, self.orders)]
-        log.debug("segment started on Ray run_key=%s gpus=%s nodes=%s master=%s:%d", self.spec.run_key, self.gpus,
-                  ",".join(self.nodes), master_ip, port)
+    def hand_over(self, ranks: list[RayRank], orders: list[RankOrder], spec: SegmentSpec, round_: int,
+                  joins: bool) -> None:
+        spec_json = spec.model_dump_json()
+        for rank, order in zip(ranks, orders):
+            rank.ref, rank.offset = rank.actor.run.remote(spec_json, order, round_, joins), 0
 
-    def regroup(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None = None) -> bool:
-        """Go on in place on `gpus` at `placement` (regroup.py): the actors on
-        slots that stay keep their state, the others leave and are ended,
-        newcomers from the pool join and get it from them. Returns once the
-        leavers' processes are gone; False, telling the ranks nothing, when
-        it cannot: not paused, no slot stays, a rank gone, or a newcomer that
-        cannot start (then `release` it). A rank lost once they were told
-        makes the segment a crash, which its `wait` reports."""
-        if self.paused is None:
-            return False
+    def tell(self, ranks: list[RayRank], files: dict[str, str]) -> None:
         try:
-            slots = list(placement) if placement is not None else slots_for(gpus)
-        except ValueError:  # GPUs the cluster does not have: the segment that tries them will say so
-            return False
-        place = dict(zip(gpus, slots))
-        stay = [r for r, (gpu, slot) in enumerate(zip(self.gpus, self.placement)) if place.get(gpu) == slot]
-        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        if not stay or done:
-            return False
-        joining = [gpu for gpu in gpus if gpu not in {self.gpus[r] for r in stay}]
-        joiners = [self.pool.take(place[gpu]) for gpu in joining]
-        try:
-            arrived = ray.get([a.where.remote() for a in joiners], timeout=HANDOVER_S)
-            if any(w["node"] != place[gpu].node for w, gpu in zip(arrived, joining)):
-                raise MisplacedRank(f"a newcomer is not on its node: {arrived}")
-            master_ip = self.where[stay[0]]["ip"]
-            port = ray.get(self.actors[stay[0]].free_port.remote(master_ip), timeout=HANDOVER_S)
-        except (MisplacedRank, *RANKS_GONE) as exc:
-            log.warning("no resize in place run_key=%s: newcomers could not start (%s: %s)", spec.run_key,
-                        type(exc).__name__, exc)
-            for actor in joiners:
-                ray.kill(actor, no_restart=True)
-            return False
-        new_gpus = [self.gpus[r] for r in stay] + joining
-        new_placement = [self.placement[r] for r in stay] + [place[gpu] for gpu in joining]
-        new_where = [self.where[r] for r in stay] + arrived
-        self.launch_t = time.time()
-        orders = rank_orders(ray_seats(new_placement, new_where), master_ip, port, spec.device, self.launch_t,
-                             new_gpus)
-        ended, self.round = self.round, self.round + 1
-        spec_json = _remote_spec(spec)
-        word = Next(round=self.round, action="regroup", spec_file=spec_file(self.round),
-                    orders={r: orders[stay.index(r)] if r in stay else None for r in range(len(self.gpus))})
-        try:
-            ray.get([a.tell.remote({spec_file(self.round): spec_json, next_file(ended): word.model_dump_json()})
-                     for a in self.actors], timeout=HANDOVER_S)
+            ray.get([rank.actor.tell.remote(files) for rank in ranks], timeout=HANDOVER_S)
         except RANKS_GONE as exc:
-            # Some ranks may be forming the new group already: a crash, as a
-            # rank lost at any other moment; the run goes on from its checkpoint.
-            end_actors(self.actors + joiners, self.where + arrived)
-            self.paused, self.died = None, True
-            self.start_error = f"a rank was lost while the ranks regrouped: {type(exc).__name__}: {exc}"
-            return True
-        joined = [a.run.remote(spec_json, order, self.round, True) for a, order in zip(joiners, orders[len(stay):])]
-        leavers = [r for r in range(len(self.gpus)) if r not in stay]
-        left_actors, left_where = [self.actors[r] for r in leavers], [self.where[r] for r in leavers]
-        left_refs = [self.refs[r] for r in leavers]
-        if self.actors[0] is not self.actors[stay[0]]:
-            self._offset = 0  # rank 0's progress is a file of the new rank 0's
-        self.actors = [self.actors[r] for r in stay] + joiners
-        self.refs = [self.refs[r] for r in stay] + joined
-        self.spec, self.gpus, self.placement, self.where, self.orders = spec, new_gpus, new_placement, new_where, orders
-        self.paused, self._stop_sent = None, False
-        ray.wait(left_refs, num_returns=len(left_refs), timeout=30.0)  # past the old group's last barrier
-        end_actors(left_actors, left_where)
-        log.info("segment resized in place on Ray run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
-                 spec.run_key, self.round, new_gpus, len(stay), len(joiners), len(leavers))
-        return True
+            raise RanksGone(f"{type(exc).__name__}: {exc}", died=True) from exc
 
-    def release(self) -> SegmentResult | None:
-        """A paused segment that does not go on in place: its ranks save where
-        they stand, and every actor is ended; their last result (None if they
-        could not say), the same when asked again."""
-        if self.paused is None:
-            return self._released
-        self.paused = None
+    def progress(self, rank0: RayRank, round_: int) -> tuple[list[ProgressLine], str]:
         try:
-            ray.get([a.tell.remote({next_file(self.round): Next(round=self.round, action="save").model_dump_json()})
-                     for a in self.actors], timeout=HANDOVER_S)
-            said = ray.get(self.refs, timeout=120.0)
-        except Exception as exc:  # noqa: BLE001  # a rank gone, or stuck: they saved or did not, the store says
-            log.warning("paused ranks did not save and end run_key=%s: %s: %s", self.spec.run_key,
-                        type(exc).__name__, exc)
-            return None
-        finally:
-            end_actors(self.actors, self.where)
-        result = SegmentResult.model_validate_json(said[0])
-        result.gpus = self.gpus
-        self._released = result
-        return result
-
-    def request_stop(self) -> None:
-        self._stop(terminate=True)
-
-    def _stop(self, terminate: bool, seq: int = 0) -> None:
-        for actor in self.actors:
-            actor.stop.remote(terminate, seq)
-
-    def kill(self, grace_s: float = 5.0) -> None:
-        if self.refs:
-            self.request_stop()
-            ray.wait(self.refs, num_returns=len(self.refs), timeout=grace_s)
-        end_actors(self.actors, self.where)
-
-    def _pause_near(self) -> bool:
-        """The ranks are about to pause (a stop was sent, or the segment's
-        last iteration is near): a resize in place waits for the flow to
-        notice, so it looks four times as often then."""
-        return self.spec.in_place and (self._stop_sent or self._iteration >= self.spec.stop_at - 2)
-
-    def _progress(self, on_progress: ProgressCallback | None) -> SegmentResult | None:
-        """Forward rank 0's new progress lines; its result if the ranks paused."""
-        try:
-            lines, self._offset, said = ray.get(self.actors[0].progress.remote(self._offset, self.round), timeout=10)
+            lines, rank0.offset, said = ray.get(rank0.actor.progress.remote(rank0.offset, round_), timeout=10)
         except RANKS_GONE:
-            return None
-        for line in lines:
-            self._iteration = line.iteration
-            if on_progress:
-                on_progress(line)
-        result = SegmentResult.model_validate_json(said) if said and self.spec.in_place else None
-        if result is None or not result.paused:
-            return None
-        result.gpus = self.gpus
-        return result
+            return [], ""
+        return lines, said
 
-    def _failures(self, done: list[Any]) -> list[RankFailure]:
+    def watch(self, ranks: list[RayRank], launch_t: float) -> tuple[bool, list[RankFailure]]:
         """Ranks that failed, once one has. The others are given a moment to
         fail too: Ray may report a peer's error before the death that caused
         it, and the cause is told from its casualties only among all of them."""
-        def failed(refs: list[Any]) -> list[RankFailure]:
+        refs = [rank.ref for rank in ranks]
+
+        def failed(done: list[Any]) -> list[RankFailure]:
             out = []
-            for ref in refs:
+            for ref in done:
                 try:
                     ray.get(ref, timeout=0)
                 except ray.exceptions.GetTimeoutError:
                     continue
                 except Exception as exc:  # noqa: BLE001  # whatever a rank raised, or its death
-                    rank = self.refs.index(ref)
+                    r = refs.index(ref)
                     how = Failure.DIED if isinstance(exc, ray.exceptions.RayActorError) else Failure.FAILED
-                    out.append(RankFailure(rank, how, f"{how.value}: {type(exc).__name__}", self.placement[rank].name,
+                    out.append(RankFailure(r, how, f"{how.value}: {type(exc).__name__}", ranks[r].slot.name,
                                            str(exc)[:1500]))
             return out
 
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         if not failed(done):
-            return []
-        more, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=3.0)
-        return failed(more)
+            return len(done) == len(refs), []
+        more, _ = ray.wait(refs, num_returns=len(refs), timeout=3.0)
+        return False, failed(more)
 
-    def _log_tail(self, failure: RankFailure) -> str:
+    def idle(self, ranks: list[RayRank], seconds: float) -> None:
+        refs = [rank.ref for rank in ranks]
+        ray.wait(refs, num_returns=len(refs), timeout=seconds)
+
+    def result(self, ranks: list[RayRank], round_: int, wait_s: float) -> str | None:
+        """Rank 0's return; their folders go once they ended well."""
+        try:
+            said = ray.get([rank.ref for rank in ranks], timeout=max(wait_s, 10.0))
+            ray.get([rank.actor.cleanup.remote() for rank in ranks], timeout=30)
+        except Exception as exc:  # noqa: BLE001  # a rank gone, or stuck: they saved or did not, the store says
+            log.warning("ranks did not end well on Ray: %s: %s", type(exc).__name__, exc)
+            return None
+        return str(said[0]) or None
+
+    def stop(self, ranks: list[RayRank], terminate: bool, seq: int = 0) -> None:
+        for rank in ranks:
+            rank.actor.stop.remote(terminate, seq)
+
+    def end(self, ranks: list[RayRank], wait_s: float) -> None:
+        """Killed once their `run` returned or `wait_s` passed; returns once
+        their processes are gone (ray_pool.end_actors)."""
+        live = [rank for rank in ranks if not rank.ended]
+        refs = [rank.ref for rank in live if rank.ref is not None]
+        if refs and wait_s > 0:
+            ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        placed = [rank for rank in live if rank.where is not None]
+        for rank in live:
+            if rank.where is None:
+                ray.kill(rank.actor, no_restart=True)
+            rank.ended = True
+        end_actors([rank.actor for rank in placed], [rank.where for rank in placed])  # type: ignore[misc]
+
+    def gone(self, ranks: list[RayRank]) -> bool:
+        refs = [rank.ref for rank in ranks]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return bool(done)
+
+    def log_tail(self, ranks: list[RayRank], failure: RankFailure) -> str:
         """What a rank that raised wrote last (a rank that died took its log's actor along)."""
-        if failure.how is Failure.DIED:
+        if failure.how is Failure.DIED or failure.rank >= len(ranks):
             return ""
         try:
-            return str(ray.get(self.actors[failure.rank].log_tail.remote(), timeout=5))
+            return str(ray.get(ranks[failure.rank].actor.log_tail.remote(), timeout=5))
         except Exception:  # noqa: BLE001  # gone meanwhile
             return ""
 
-    def wait(self, on_progress: ProgressCallback | None = None, timeout_s: float | None = None,
-             poll_s: float = 0.2) -> SegmentResult:
-        give_up = None if timeout_s is None else time.time() + timeout_s
-        try:
-            if self.start_error:
-                log.warning("segment could not start on Ray run_key=%s: %s", self.spec.run_key, self.start_error)
-                return crashed(self.gpus, self.launch_t, self.start_error)
-            while True:
-                done, _ = ray.wait(self.refs, num_returns=len(self.refs),
-                                   timeout=poll_s / 4 if self._pause_near() else poll_s)
-                paused = self._progress(on_progress)
-                failures = self._failures(done)
-                if failures:
-                    self.died = any(f.how is Failure.DIED for f in failures)
-                    result, cause = crash_result(self.gpus, self.launch_t, failures, self._log_tail)
-                    log.warning("segment crashed on Ray run_key=%s rank=%d node=%s how=%s", self.spec.run_key,
-                                cause.rank, cause.node, cause.how.value)
-                    return result
-                if paused is not None:  # the ranks wait for `regroup` or `release`
-                    self.paused = paused
-                    return paused
-                if len(done) == len(self.refs):
-                    self._progress(on_progress)
-                    break
-                if give_up is not None and time.time() > give_up:
-                    return crashed(self.gpus, self.launch_t, f"did not finish in {timeout_s:.0f} s")
-                command = self.control.pending(self.spec.applied_seq) if self.control and not self._stop_sent else None
-                if command is not None:
-                    self._stop(terminate=False, seq=command.seq)  # rank 0 polled this file when it could see it
-                    self._stop_sent = True
-            result = SegmentResult.model_validate_json(ray.get(self.refs[0]))
-            result.gpus = self.gpus
-            ray.get([a.cleanup.remote() for a in self.actors], timeout=30)
-            return result
-        finally:
-            if self.paused is None:
-                end_actors(self.actors, self.where)
+    def after(self, ranks: list[RayRank], paused: bool) -> None:
+        if not paused:
+            self.end(ranks, 0.0)
+
+    def pids(self, ranks: list[RayRank]) -> list[int]:
+        return [rank.where["pid"] for rank in ranks if rank.where is not None]
 
 
 class RayRanks:
@@ -341,12 +232,10 @@ class RayRanks:
         connect(address)
         self.pool = ActorPool(run_key, spares_per_node())
         self.control = control
-        self.last: RaySegment | None = None
+        self.last: Segment | None = None
 
-    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> RaySegment:
-        """On the slots the scheduler named (a run without one: the GPU ids on the live nodes, by name)."""
-        slots = list(placement) if placement is not None else slots_for(gpus)
-        self.last = RaySegment(spec, gpus, slots, self.pool, self.control)
+    def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> Segment:
+        self.last = Segment(spec, gpus, RayActors(self.pool), placement, self.control)
         return self.last
 
     def refill(self, upcoming: list[int]) -> None:
@@ -358,11 +247,11 @@ class RayRanks:
         segment = self.last
         if not upcoming or segment is None:
             return
-        here = dict(zip(segment.gpus, segment.placement))
+        here = dict(zip(segment.gpus, segment.slots))
         try:
             placement = [here[g] for g in upcoming] if set(upcoming) <= set(here) else slots_for(upcoming)
         except ValueError:  # a plan naming GPUs the cluster no longer has: the segment will say so
-            placement = segment.placement
+            placement = list(segment.slots)
         self.pool.refill(placement)
 
     def lost_nodes(self, verdict_s: float = 60.0) -> list[str]:
@@ -373,12 +262,13 @@ class RayRanks:
         if segment is None:
             return []
         give_up = time.monotonic() + (verdict_s if segment.died else 0.0)
-        if segment.died and all(answers(node) for node in {slot.node for slot in segment.placement}):
+        slots: list[GpuSlot] = list(segment.slots)  # type: ignore[arg-type]
+        if segment.died and all(answers(node) for node in {slot.node for slot in slots}):
             return []  # a rank's process died, not its node: restart where it was
         while True:
-            gone = lost(segment.placement)
+            gone = lost(slots)
             if gone:
-                self.pool.drop({slot.node for slot in segment.placement})
+                self.pool.drop({slot.node for slot in slots})
                 return gone
             if time.monotonic() >= give_up:
                 return []

@@ -5,7 +5,7 @@ decides the GPU set: the latest control-channel command if the scheduler has
 spoken, else the standalone `gpu_plan`. A new GPU set that keeps some of the
 old one is taken in place where the ranks can (`Ranks.in_place`): the ranks
 on kept GPUs pause at the stop with their state, and the segment goes on
-with newcomers (launcher.Segment.regroup). Otherwise, and after a crash, a
+with newcomers (segment_machine.Segment.regroup). Otherwise, and after a crash, a
 segment restores the latest checkpoint, so a relaunch continues the same
 training. Where the ranks run (processes here, or Ray actors on a
 cluster's nodes) is chosen once (`ranks.ranks_for`); the loop does not know

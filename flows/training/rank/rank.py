@@ -3,9 +3,10 @@
 A process rank runs it from `rank_main.py` (a standby that imports torch,
 then reads its order on stdin); a Ray rank actor runs the same `Worker`
 with its order (`ray_actor.py`).
-Rank 0 polls the control channel; any rank
-that gets SIGTERM asks to stop. Both are folded into one all-reduce per
-iteration, together with the loss, so every rank stops at the same boundary.
+Rank 0 hears the scheduler's stop, which its coordinator forwards (it
+reads no control folder); any rank that gets SIGTERM asks to stop. Both are
+folded into one all-reduce per iteration, together with the loss, so every
+rank stops at the same boundary.
 
 A training step does not know whether it is about to be resized: it always
 computes the gradient of the mean loss over the same global batch, split over
@@ -26,14 +27,13 @@ import logging
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elasticflow_block.storage import CheckpointInfo, CheckpointStorage
-from flows.training.control import FileControlChannel
 from flows.training.orders import RankOrder
 from flows.training.rank.rank_setup import build_optimizer, rendezvous_store, rng_state, set_rng_state
 from flows.training.regroup import Next, await_next, result_file, write_private
@@ -59,7 +59,6 @@ class Worker:
         self.timings = SegmentTimings(launch_t=order.launch_t, imported_t=time.time())
         self.storage = CheckpointStorage(spec.checkpoint_url, keep=spec.keep_checkpoints)
         self.saves = Saves(self.storage, spec.run_key)
-        self.control = FileControlChannel(spec.run_key, spec.control_dir) if spec.control_dir else None
         self.device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
         self.history: list[float] = []
         self.iteration = 0
@@ -155,11 +154,10 @@ class Worker:
                  "later, model built %.3f s, state received %.3f s", self.round, self.iteration,
                  t.imported_t - t.launch_t, t.rendezvous_t - t.imported_t, t.ready_t - t.rendezvous_t, t.load_s)
 
-    def rounds(self, regrouped: Callable[[], None] = lambda: None) -> bool:
+    def rounds(self) -> bool:
         """Train round after round, each paused at its stop until the
         launcher's word (regroup.py), until the segment ends here; False
-        when this rank left at a resize in place (its group is gone then).
-        `regrouped` runs as each new round begins."""
+        when this rank left at a resize in place (its group is gone then)."""
         while True:
             start = self.iteration
             self.report(start, self.train())
@@ -171,7 +169,6 @@ class Worker:
                 return True
             if what == "leave":
                 return False
-            regrouped()
 
     def resume(self) -> Literal["train", "leave", "save"]:
         """Paused at a stop: form the next round as the launcher says (train
@@ -302,7 +299,7 @@ class Worker:
             return False  # rank 0 speaks for the run: only it knows whether a save can be made
         if self.saves.error is not None and not self.saves.may_retry():
             return False
-        return self.flags.stop_asked or bool(self.control and self.control.pending(self.spec.applied_seq))
+        return self.flags.stop_asked(self.spec.applied_seq)
 
     def train(self) -> StopReason:
         """Train until done, stopped or terminated, and end on a checkpoint.

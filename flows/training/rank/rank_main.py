@@ -30,6 +30,7 @@ def main(order: StandbyOrder, flags: StopFlags) -> NoReturn:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank={rank} %(name)s %(levelname)s %(message)s",
                         force=True)  # a worker forked from a flow process inherits its handlers
     folder = Path(order.segment_dir)
+    flags.listen(folder)  # the scheduler's stop, as its coordinator forwards it
     spec = SegmentSpec.model_validate_json((folder / order.spec_file).read_text())
     worker = Worker(spec, folder, order.order, flags, order.round)
     worker.start(order.joins)

@@ -16,7 +16,6 @@ import os
 import socket
 import struct
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,8 +63,6 @@ class RankActor:
         os.umask(0o077)  # checkpoints, logs, progress: private
         self.dir: Path | None = None
         self.worker: Any = None  # flows.training.rank.rank.Worker, once the segment started
-        self.lock = threading.Lock()  # `stop` and the training thread, on the stop flag
-        self.stop_seq = 0  # the newest command a stop was asked for
         # Its parent is its node's raylet: Ray ends it with its owner, the flow process.
         self.flags = StopFlags(parent_pid=None)
 
@@ -99,7 +96,7 @@ class RankActor:
         write_private(self.dir / spec_file(round_), spec_json)
         worker = self.worker = rank_mod.Worker(spec, self.dir, order, self.flags, round_)
         worker.start(joins)
-        if not worker.rounds(lambda: self._stopped_for(worker.spec.applied_seq)):
+        if not worker.rounds():
             return ""  # it left at a resize in place: the coordinator ends this actor
         torch.distributed.barrier()  # every rank is past its last collective; the process ends with the actor
         return (self.dir / result_file(worker.round)).read_text() if worker.rank == 0 else ""
@@ -123,22 +120,12 @@ class RankActor:
 
     def stop(self, terminate: bool, seq: int = 0) -> None:
         """Stop at the next iteration boundary: the scheduler's stop for its
-        command `seq`, or the run's end. One that comes late, for a command
-        the rank's round already applies (it was resized in place for it),
-        is dropped."""
+        command `seq` (dropped if it comes late, StopFlags.stop_asked), or
+        the run's end."""
         if terminate:
             self.flags.terminate()
-            return
-        with self.lock:
-            self.stop_seq = max(self.stop_seq, seq)
-            if self.worker is None or seq > self.worker.spec.applied_seq:
-                self.flags.ask_stop()
-
-    def _stopped_for(self, applied_seq: int) -> None:
-        """A new round applies the commands up to `applied_seq`: a stop asked
-        meanwhile stands only if it is for a later one."""
-        with self.lock:
-            self.flags.ask_stop(self.stop_seq > applied_seq)
+        else:
+            self.flags.ask_stop(seq)
 
     def cleanup(self) -> None:
         """The segment ended well: its folder (spec, progress, log) is not needed."""

@@ -1,26 +1,32 @@
 """What tells a rank to stop from outside its training loop, as one object
 the process entry makes and hands to its `Worker`.
 
-Three sources, each with its own setter: a SIGTERM (`terminate`); the
-launcher's ask, for a rank that reads no control folder (a Ray actor, whose
-coordinator forwards the scheduler's stop: `ask_stop`); and its flow process
-gone (a process rank whose parent changed: Prefect's hard kill of a
-cancelled run reaches the flow's PID only, not its ranks). The Worker reads
-them at each iteration boundary. They were module globals of `rank.py` that
-`ray_actor.py` assigned from outside.
+Three sources: a SIGTERM (`terminate`); the scheduler's stop for a command,
+which the coordinator forwards the same way whatever carries the ranks (a
+process rank finds it in its segment's folder, `listen`; a Ray actor is
+told by a call, `ask_stop`), so that ranks read no control folder; and its
+flow process gone (a process rank whose parent changed: Prefect's hard kill
+of a cancelled run reaches the flow's PID only, not its ranks). The Worker
+reads them at each iteration boundary.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from pathlib import Path
 from typing import Any
+
+STOP_FILE = "stop"  # in a process rank's segment folder: the command seq a stop was asked for
 
 
 class StopFlags:
     def __init__(self, parent_pid: int | None) -> None:
         self._parent_pid = parent_pid  # the flow process that launched this rank (None: a Ray actor's raylet)
         self._terminated = False
-        self._stop_asked = False
+        self._stop_seq = 0  # the newest command a stop was asked for
+        self._stop_file: Path | None = None
+        self._lock = threading.Lock()  # a Ray actor is told from another thread
 
     @classmethod
     def of_this_process(cls) -> StopFlags:
@@ -33,17 +39,29 @@ class StopFlags:
     def on_sigterm(self, signum: int, frame: Any) -> None:
         self.terminate()
 
-    def ask_stop(self, asked: bool = True) -> None:
-        """The launcher asks this rank to stop (False: a stop asked before no longer stands)."""
-        self._stop_asked = asked
+    def listen(self, folder: Path) -> None:
+        """Hear the coordinator's stops in `folder` (a process rank's segment folder)."""
+        self._stop_file = folder / STOP_FILE
+
+    def ask_stop(self, seq: int) -> None:
+        """The coordinator forwards the scheduler's stop for its command `seq`."""
+        with self._lock:
+            self._stop_seq = max(self._stop_seq, seq)
+
+    def stop_asked(self, applied_seq: int) -> bool:
+        """A stop stands for a command later than the one the rank's round
+        applies: one that comes late, for a command the round already applies
+        (it was resized in place for it), is dropped."""
+        if self._stop_file is not None:
+            try:
+                self.ask_stop(int(self._stop_file.read_text() or 0))
+            except (OSError, ValueError):  # none yet (or being replaced)
+                pass
+        return self._stop_seq > applied_seq
 
     @property
     def terminated(self) -> bool:
         return self._terminated
-
-    @property
-    def stop_asked(self) -> bool:
-        return self._stop_asked
 
     @property
     def orphaned(self) -> bool:

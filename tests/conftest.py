@@ -7,6 +7,8 @@ import pytest
 
 # One real Prefect server (and stack) per test process, for every folder: tests/stack.py.
 from tests.stack import prefect_api, stack  # noqa: F401
+# One real Ray cluster per test process, for the tests of either transport: tests/ray_cluster.py.
+from tests.ray_cluster import ray_address, ray_cluster  # noqa: F401
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # The tests' own model factories (tests/runtime/user_models.py) are allowed as

@@ -1,25 +1,18 @@
-"""A real Ray cluster of 2 nodes x 2 worker slots on loopback, for the whole
-session of one test process (the tests share an xdist group, so one process
-runs them all). Each test gets both nodes alive: one that kills a node adds a
-fresh one afterwards."""
+"""The tests of runs on a real Ray cluster (tests/ray_cluster.py: 2 nodes x
+2 worker slots on loopback, one per test process). They share an xdist
+group, so one process runs them all and the cluster starts once."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Callable
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported: stay on loopback
+import pytest
 
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from flows.training.params import TrainParameters
+from tests.runtime.conftest import small_mlp
 
-import pytest  # noqa: E402
-
-from flows.training.params import TrainParameters  # noqa: E402
-from scheduler_service.stack.ray_local import LocalRayCluster  # noqa: E402
-from tests.runtime.conftest import small_mlp  # noqa: E402
-
-NODES, SLOTS = 2, 2
 REL_TOL = 1e-4
 
 
@@ -28,39 +21,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.xdist_group("ray"))
             item.add_marker(pytest.mark.slow)
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[LocalRayCluster]:
-    cluster = LocalRayCluster(NODES, SLOTS)
-    yield cluster
-    import ray
-
-    ray.shutdown()
-    cluster.shutdown()
-
-
-def alive_nodes() -> list[dict[str, Any]]:
-    import ray
-
-    return [n for n in ray.nodes() if n["Alive"]]
-
-
-@pytest.fixture
-def ray_address(ray_cluster: LocalRayCluster) -> Iterator[str]:
-    """The cluster's address, this process joined to it, with both nodes up."""
-    from flows.training.ray_nodes import connect
-
-    import ray
-
-    connect(ray_cluster.address)
-    while len(alive_nodes()) < NODES:
-        ray_cluster.add_node()
-    yield ray_cluster.address
-    # Not connected between tests: a driver's threads print what the cluster
-    # says (a dead node's errors...) into the output pytest captures for
-    # whichever test this process runs next.
-    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

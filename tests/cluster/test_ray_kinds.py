@@ -10,7 +10,7 @@ from flows.training.params import TrainParameters
 from flows.training.coordinator.runtime import run_training
 from scheduler_service.policy.topology import MixedTopology
 from scheduler_service.stack.ray_local import LocalRayCluster
-from tests.cluster.conftest import alive_nodes
+from tests.ray_cluster import alive_nodes
 
 
 def test_nodes_of_another_kind_are_a_pool_of_their_own_and_runs_land_on_each(

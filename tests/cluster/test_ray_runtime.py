@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
-
 from flows.training.control import FileControlChannel
 from flows.training.params import TrainParameters
 from flows.training.coordinator.progress import ProgressTracker
 from flows.training.coordinator.runtime import run_training
-from tests.cluster.conftest import alive_nodes, assert_same_losses
+from tests.cluster.conftest import assert_same_losses
+from tests.ray_cluster import alive_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 

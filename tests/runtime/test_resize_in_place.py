@@ -1,12 +1,9 @@
-"""Resizes in place (issue 26) on local ranks: the ranks on GPUs that stay
-keep their process and state, those that join get it from them, and the
-losses are the never-resized run's at every iteration. A rank lost in the
-middle of it sends the run back to its last checkpoint, in the same run."""
+"""Resizes on local ranks beyond what both transports share (test_in_place.py):
+a restart when asked, a stop while paused, parks and resizes the scheduler
+asks for before a segment's task has ended, and NCCL on CUDA."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,30 +31,6 @@ def _run(params: TrainParameters, key: str) -> tuple[Any, list[RunningSegment], 
     return run_training(params, key, segment_hook=hook), seen, pids
 
 
-@pytest.mark.parametrize("plan, kept", [
-    ([[0, 1], [0, 1, 2, 3], [0]], [[0, 1], [0]]),  # grow, then shrink
-    ([[0, 1], [1, 2]], [[1]]),  # move: GPU 1 stays, 0 leaves, 2 joins
-])
-def test_ranks_that_stay_keep_their_process_and_the_losses_are_the_never_resized_ones(
-    make_params: Callable[..., TrainParameters], reference: Any, plan: list[list[int]], kept: list[list[int]]
-) -> None:
-    switch_at = [80, 160][: len(plan) - 1]
-    params = make_params(gpu_plan=plan, switch_at=switch_at, iterations=N, checkpoint_interval=1000,
-                         resize_in_place=True)
-    result, seen, pids = _run(params, "in-place")
-    assert result.status == "completed" and result.restarts == 0
-    assert len(seen) == len(plan) and all(s is seen[0] for s in seen)  # one segment, resized
-    assert [sorted(s.gpus) for s in result.segments] == [sorted(p) for p in plan]
-    assert [r.how for r in result.rescales] == ["in_place"] * (len(plan) - 1)
-    assert all(r.seconds is not None and r.seconds > 0 for r in result.rescales)
-    for before, after, gpus, stay in zip(pids, pids[1:], plan, kept):
-        survivors = {before[gpus.index(g)] for g in stay}
-        assert survivors <= set(after)  # the same processes, state in memory
-        assert not any(process_alive(p) for p in set(before) - set(after))  # the leavers are gone
-    assert CheckpointStorage(params.checkpoint_store).iterations("in-place") == [N]  # no resize saved
-    assert_same_trajectory(result.losses, reference())
-
-
 def test_checkpoint_restarts_when_asked_and_the_losses_agree(
     make_params: Callable[..., TrainParameters], reference: Any
 ) -> None:
@@ -65,27 +38,6 @@ def test_checkpoint_restarts_when_asked_and_the_losses_agree(
     result, seen, _ = _run(params, "restart")
     assert len(seen) == 2 and seen[0] is not seen[1]
     assert [r.how for r in result.rescales] == ["restart"]
-    assert_same_trajectory(result.losses, reference())
-
-
-def test_a_rank_lost_during_a_resize_in_place_resumes_from_the_last_checkpoint(
-    make_params: Callable[..., TrainParameters], reference: Any
-) -> None:
-    interval = 20
-    params = make_params(gpu_plan=[[0, 1], [0, 1, 2]], switch_at=[50], iterations=N, checkpoint_interval=interval,
-                         resize_in_place=True)
-    killed: list[int] = []
-
-    def hook(segment: RunningSegment) -> None:
-        if len(segment.gpus) == 3 and not killed:  # just regrouped: the newcomer is joining
-            killed.append(segment.pids[-1])
-            os.kill(segment.pids[-1], signal.SIGKILL)
-
-    result = run_training(params, "lost", segment_hook=hook)
-    assert killed and result.status == "completed" and result.restarts == 1
-    assert [s.reason for s in result.segments] == ["target", "crashed", "target", "completed"]
-    resumed = result.segments[2]
-    assert resumed.start_iteration == 40 and not resumed.in_place  # the newest checkpoint before the resize
     assert_same_trajectory(result.losses, reference())
 
 
@@ -114,7 +66,6 @@ def test_a_park_frees_the_gpus_before_the_segments_task_has_ended(
     time the task returns, the ranks have saved and gone and the park is
     acknowledged, whether the ranks paused for a resize in place or not."""
     import threading
-    import time
 
     from flows.training.control import FileControlChannel
     from tests.runtime.conftest import when_iteration_reaches
@@ -184,32 +135,6 @@ def test_a_resize_the_scheduler_asks_for_is_made_in_place_before_the_segments_ta
     assert len(seen) == 2 and seen[1] is seen[0] and [r.how for r in result.rescales] == ["in_place"]
     assert CheckpointStorage(params.checkpoint_store).iterations("steered") == [N]
     assert_same_trajectory(result.losses, reference())
-
-
-def test_a_resize_in_place_racing_a_termination_leaves_no_process(
-    make_params: Callable[..., TrainParameters]
-) -> None:
-    """SIGTERM on the flow process (a cancellation) just as the ranks regroup:
-    survivors, newcomers and leavers are all gone when the run returns."""
-    params = make_params(gpu_plan=[[0, 1], [0, 2, 3]], switch_at=[30], iterations=N, checkpoint_interval=10,
-                         resize_in_place=True)
-    pids: set[int] = set()
-    received: list[int] = []
-
-    def hook(segment: RunningSegment) -> None:
-        pids.update(segment.pids)
-        if len(segment.gpus) == 3 and not received:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    try:
-        result = run_training(params, "raced", segment_hook=hook)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert received == [signal.SIGTERM]
-    assert result.status == "preempted" and result.iterations < N
-    assert len(pids) == 4 and not [p for p in pids if process_alive(p)]
-    assert CheckpointStorage(params.checkpoint_store).iterations("raced")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL: one rank per GPU); this "

@@ -158,10 +158,12 @@ def runs(ui_stack: UiStack) -> Runs:
     stack.wait_until(lambda: "| release |" in stack.allocation_artifact(admitted), 30, "the release in the history")
     cluster_artifact = _cluster_artifact(stack, stack.flow_run(admitted))
     # A long run alone on both slots, then one that must start now: the first shrinks in place.
-    # The long one cannot end before the urgent one's deadline however fast this machine trains,
-    # so the urgent one cannot wait for it; that deadline leaves room for a start and training at
-    # half the seeded profile (a loaded CI machine trains slower than it, and the loop learns so).
-    resized = stack.submit(iterations=20_000, deadline="+30m", checkpoint_interval=500)
+    # The long one cannot end before the urgent one's deadline however fast this machine trains
+    # (20,000 iterations once ended first, and the cancellation below then landed on a completed
+    # run), so the urgent one cannot wait for it; that deadline leaves room for a start and
+    # training at half the seeded profile (a loaded CI machine trains slower than it, and the
+    # loop learns so). 200,000 iterations are 10,000 s at the profile: due in twelve hours.
+    resized = stack.submit(iterations=200_000, deadline="+12h", checkpoint_interval=500)
     status = stack.home / "control" / resized / "status.json"
     stack.wait_until(lambda: status.exists(), 150, "the long run to train")
     urgent = stack.submit(iterations=20 * 34, deadline="+120s", checkpoint_interval=500)

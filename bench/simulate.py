@@ -88,15 +88,23 @@ def main() -> None:
         print(line, flush=True)
     print("Targets (issue 13):\n" + "\n".join(targets), flush=True)
 
-    exp = Experiment(data / "traces" / "philly_103959.csv", data / "clusters" / "n32g8.csv",
-                     data / "throughputs" / "A100", 60.0, actuations=("ideal",))
-    walls = [exp.run(["elasticflow"])[1][0].wall_s for _ in range(5)]
-    wall = statistics.median(walls)
-    service_wall = summary["philly_103959"]["wall_s"]
+    def philly(actuation: str) -> Experiment:
+        return Experiment(data / "traces" / "philly_103959.csv", data / "clusters" / "n32g8.csv",
+                          data / "throughputs" / "A100", 60.0, actuations=(actuation,))
+
+    # Side by side, taking turns, so that a busy moment of the machine weighs on both alike.
+    walls, service_walls = [], []
+    for _ in range(5):
+        walls.append(philly("ideal").run(["elasticflow"])[1][0].wall_s)
+        service_walls.append(philly("service").run(["elasticflow"])[1][0].wall_s)
+    wall, service_wall = statistics.median(walls), statistics.median(service_walls)
     print(f"philly_103959 elasticflow wall, bare engine: median {wall:.3f}s of 5; the authors' simulator "
           f"{AUTHORS_PHILLY_WALL_S}s: {AUTHORS_PHILLY_WALL_S / wall:.1f}x faster (target >= 10x, <= 1.5 s); "
-          f"through the service's loop {service_wall:.1f}s ({service_wall / wall:.0f}x the bare engine)")
+          f"through the service's loop: median {service_wall:.3f}s of 5, {service_wall / wall:.1f}x the bare "
+          f"engine (target <= 3x, issue 42)")
     summary["philly_wall_s"] = round(wall, 3)
+    summary["philly_loop_wall_s"] = round(service_wall, 3)
+    summary["loop_vs_bare"] = round(service_wall / wall, 2)
     summary["speedup_vs_authors"] = round(AUTHORS_PHILLY_WALL_S / wall, 1)
     print(json.dumps(summary))
 

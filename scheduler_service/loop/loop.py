@@ -19,6 +19,7 @@ verdicts.py's.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -54,6 +55,7 @@ from scheduler_service.loop.events import (
     StartsRecalled,
     Unreserved,
 )
+from scheduler_service.loop.quiet import quiet_until
 from scheduler_service.loop.risk import RiskRule
 from scheduler_service.loop.run import LoopRun, RunFacts
 from scheduler_service.loop.speeds import MarginRule, Speeds
@@ -140,6 +142,20 @@ class ControlLoop:
     def live(self) -> int:
         """Runs decided and not ended (a driver's loop goes on while there are)."""
         return len(self.runs)
+
+    def quiet_until(self, now: float) -> float:
+        """With no event before it, the first time a step could act or
+        learn (quiet.py); `now` if the next slot's look may. A driver may
+        skip the slot boundaries in between (the simulator does)."""
+        if self.arrivals or self.gone or self.last_slot is None:
+            return now
+        until = self.wake_at if self.wake_at is not None else math.inf
+        for run in self.runs.values():
+            quiet = quiet_until(run, now, self.settings.interval_s, self.planned_at)
+            if quiet is None or not self.speeds.learnt(run):
+                return now
+            until = min(until, quiet)
+        return until
 
     # -- events ----------------------------------------------------------------
     def handle(self, event: Event, now: float) -> list[Action]:

@@ -270,6 +270,19 @@ class LoopRun:
         self.job = replace(self.job, curve=type(curve)({g: v * ratio for g, v in base.items()}))
         return True
 
+    def learnt(self) -> bool:
+        """Whether another slot's `observe` of the rate it shows would change
+        nothing: its measured ratio at its fixed point, and no change of plan
+        speed due (a driver may then skip the slots until something happens)."""
+        gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
+        if not gpus or not self.reported_rate or gpus not in self.job.curve.points or len(self.reported_gpus) != gpus:
+            return True  # `observe` would look at nothing
+        raw = self.reported_rate / (self.job.curve.speed(gpus) / self.speed_ratio)
+        measured = self.measured_ratio
+        if measured is None or 0.5 * measured + 0.5 * raw != measured:
+            return False
+        return abs(min(1.0, max(0.2, measured)) - self.speed_ratio) < 0.03 * self.speed_ratio
+
     def on_kind(self, kind: str) -> None:
         """Placed on GPUs of `kind`: planned with its curve there from now on
         (the speed it showed elsewhere says nothing about this kind)."""

@@ -80,6 +80,16 @@ class ModelGaps:
     def forget(self, run_id: str) -> None:
         self._streaks.pop(run_id, None)
 
+    def learnt(self, run_id: str, profile: Job, gpus: int, rate: float | None) -> bool:
+        """Whether another `observe` of this rate would change nothing: no
+        gap from what its model is planned with, and no streak to end."""
+        key = self._key(profile)
+        speed = profile.curve.points.get(gpus, 0.0)
+        if key is None or not rate or rate <= 0 or speed <= 0:
+            return True
+        planned = self.ratios.get(key, 1.0)
+        return run_id not in self._streaks and abs(min(1.0, max(FLOOR, rate / speed)) - planned) < GAP * planned
+
 
 class MarginRule(BaseModel):
     """How admission turns the speed errors seen into a margin."""
@@ -140,6 +150,14 @@ class Speeds:
             self.gaps.observe(run.run_id, run.profiled_as, len(run.commanded), run.reported_rate)
         if run.measured_ratio is not None:
             self.errors.seen(run.job.model, run.job.kind, run.run_id, run.measured_ratio)
+
+    def learnt(self, run: LoopRun) -> bool:
+        """Whether another slot's `observe` of `run` would teach nothing new
+        (what `SpeedErrors` keeps is its latest ratio: the same however often
+        it is seen)."""
+        if run.phase != RunPhase.RUNNING or len(run.reported_gpus) != len(run.commanded):
+            return True
+        return self.gaps.learnt(run.run_id, run.profiled_as, len(run.commanded), run.reported_rate)
 
     def applied(self, job: Job) -> Job:
         return self.gaps.applied(job)

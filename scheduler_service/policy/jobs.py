@@ -7,6 +7,7 @@ files, the service) validate with pydantic before building them.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -52,8 +53,8 @@ class ThroughputCurve:
         return self.points[gpus] if gpus else 0.0
 
     def capped(self, max_gpus: int) -> tuple[int, ...]:
-        """The useful levels that fit in `max_gpus` GPUs."""
-        return tuple(g for g in self.levels if g <= max_gpus)
+        """The useful levels that fit in `max_gpus` GPUs (asked at every step for every run: a bisection)."""
+        return self.levels[:bisect_right(self.levels, max_gpus)]
 
 
 @dataclass(frozen=True, slots=True)

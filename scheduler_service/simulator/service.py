@@ -15,10 +15,12 @@ segment's speed are drawn around those (noise.py: a run's own speed error,
 slow periods of nodes, starts that vary), from seeded generators.
 
 The loop is stepped as the worker polls it: at every event (heard at the
-next poll), and at every slot boundary while anything is in flight. Every
-live run reports its progress at each boundary and with each arrival (when
-the loop may plan), and at its own events; the worker reads every run at
-every poll, which would only repeat the same straight line in between.
+next poll), and at every slot boundary while anything is in flight, except
+those the loop says nothing could change at (`ControlLoop.quiet_until`:
+every run on its straight line, its speeds learnt). Every live run reports
+its progress at each boundary and with each arrival (when the loop may
+plan), and at its own events; the worker reads every run at every poll,
+which would only repeat the same straight line in between.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class Actuation(BaseModel):
     arrivals_at_boundaries: bool = Field(
         False, description="runs arrive at the slot boundary after their submission, as the bare engine takes "
         "them, instead of at the next poll (to tell the two apart in bench/actuation.py)")
+    every_boundary: bool = Field(
+        False, description="step the loop at every slot boundary while runs live, as the worker polls it; by "
+        "default the boundaries at which the loop says nothing could change are skipped (the same decisions, "
+        "checked by tests/simulator/test_service_engine.py)")
 
 
 class ServiceOptions(BaseModel):
@@ -293,13 +299,32 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
         if loop.live():
             # the next slot's plan: the boundary after this slot (slot_after(now + 1e-6) was `now` again
             # a few times per slot late in a trace, its tolerance growing with the slot number)
-            candidates.append((clock.slot_of(now) + 1) * clock.interval)
+            candidates.append(_next_look(loop, clock.slot_of(now) + 1, clock.interval, now, actuation.every_boundary,
+                                         min(candidates, default=math.inf)))
         if not candidates:
             break
         now = max(min(candidates), now + 1e-6)
 
     return Run(policy.name, list(records.values()), usage, topology.num_gpus, time.perf_counter() - started, steps,
                gpus_by_kind(topology))
+
+
+def _next_look(loop: ControlLoop, slot: int, interval: float, now: float, every_boundary: bool,
+               event_at: float) -> float:
+    """The boundary of `slot`, or a later one while the loop stays quiet:
+    the last boundary a slot short of the time it names (a crossing it
+    computes in continuous time is never skipped by rounding), and never past
+    the idle limit (a deadlock is still found). Never past the boundary
+    that begins the slot of the next event either: the loop looks at the
+    first step of each slot (at its boundary, as the worker's first poll in
+    it), not at an event's step in the middle of it."""
+    if every_boundary or event_at <= (slot + 1) * interval:
+        return slot * interval
+    quiet = min(loop.quiet_until(now), now + IDLE_SLOTS * interval)
+    look = math.floor(quiet / interval) - 1
+    if event_at < math.inf:
+        look = min(look, math.floor(event_at / interval + 1e-9))
+    return max(slot, look) * interval
 
 
 def _decision(action: Admitted | Rejected) -> Decision:

@@ -106,3 +106,35 @@ def test_in_the_service_loop_admitted_jobs_meet_their_deadlines_on_random_traces
     result = summarize(simulate_service(jobs, topology, options.loop(policy, interval, overhead)))
     assert result.admitted_missed == 0
     assert result.admitted + result.rejected == result.jobs
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), load=st.floats(0.3, 3.0), interval=st.sampled_from([60.0, 240.0]),
+       policy=st.sampled_from(["elasticflow", "elasticflow-overload"]), noisy=st.booleans())
+def test_skipping_the_boundaries_the_loop_says_are_quiet_changes_no_decision(
+        seed: int, load: float, interval: float, policy: str, noisy: bool) -> None:
+    """The simulator jumps over the slot boundaries at which the loop could
+    neither act nor learn (`ControlLoop.quiet_until`): every job is decided,
+    started, resized and finished as when the loop looks at every boundary,
+    as the worker polls it."""
+    rng = random.Random(seed)
+    topology = Topology(1, rng.choice([1, 2, 4]), rng.choice([2, 4, 8]))
+    jobs, t = [], 0.0
+    for i in range(rng.randint(5, 30)):
+        t += rng.expovariate(1 / (1800 / load))
+        curve = rng.choice(CURVES)
+        duration = rng.uniform(300, 20_000)
+        deadline = None if rng.random() < 0.1 else t + rng.uniform(0.5, 1.5) * duration
+        jobs.append(Job(str(i), t + rng.uniform(0, interval), duration * curve.points[rng.choice([1, 2, 4])],
+                        deadline, curve))
+    noise = Noise(seed=seed, speed_sigma=0.2, start_sigma=0.2, slow=SlowPeriods()) if noisy else Noise()
+    runs = []
+    for every_boundary in (True, False):
+        options = ServiceOptions(actuation=Actuation(noise=noise, every_boundary=every_boundary))
+        runs.append(simulate_service(jobs, topology, options.loop(policy, interval, OVERHEAD), options.actuation))
+    every, skipping = ([(r.job.job_id, r.decision, r.start, r.restarts, r.peak_gpus) for r in run.records]
+                       for run in runs)
+    assert skipping == every
+    # Work integrated over other pieces of time rounds otherwise in its last bits.
+    assert [r.finish for r in runs[1].records] == pytest.approx([r.finish for r in runs[0].records], rel=1e-9)
+    assert runs[1].ticks <= runs[0].ticks

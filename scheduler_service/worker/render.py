@@ -160,11 +160,17 @@ def _brief(delta: timedelta) -> str:
 
 
 def _when(moment: datetime | None, at: datetime, relative_too: bool = True) -> str:
-    """A time as HH:MM:SS UTC with how far from `at`; the date only when it differs."""
+    """A time as HH:MM:SS UTC with how far from `at`; on another day its
+    date, to the minute (the relative time says the rest): "Dec 07 11:58",
+    the year only when it differs. A full date and time in every row of
+    deadlines past midnight pushed the jobs table past a 1280-pixel window."""
     if moment is None:
         return "-"
     moment, at = _utc(moment).astimezone(timezone.utc), _utc(at).astimezone(timezone.utc)
-    clock = moment.strftime("%H:%M:%S") if moment.date() == at.date() else moment.strftime("%Y-%m-%d %H:%M:%S")
+    if moment.date() == at.date():
+        clock = moment.strftime("%H:%M:%S")
+    else:
+        clock = moment.strftime("%b %d %H:%M" if moment.year == at.year else "%Y-%m-%d %H:%M")
     if not relative_too:
         return clock
     delta = moment - at

@@ -199,8 +199,10 @@ def test_names_with_pipes_do_not_break_the_tables() -> None:
 def test_times_far_off_carry_their_date_and_past_ones_say_ago() -> None:
     view = snapshot(job("a", deadline=s(3 * 86400), projected_finish=s(-30), status="running"), at=0)
     (row,) = table_rows(jobs_markdown(view), "job")
-    assert row[4] == "2026-12-03 15:00:00 (in 3d0h)"
+    assert row[4] == "Dec 03 15:00 (in 3d0h)"  # to the minute: the relative time says the rest
     assert row[3] == "14:59:30"
+    (next_year,) = table_rows(jobs_markdown(snapshot(job("b", deadline=s(40 * 86400)), at=0)), "job")
+    assert next_year[4].startswith("2027-01-09 15:00 (in ")
 
 
 def test_progress_is_clamped_and_unknown_totals_show_a_dash() -> None:

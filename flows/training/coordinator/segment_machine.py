@@ -184,7 +184,7 @@ class Segment:
         self.spec, self.gpus, self.slots = spec, new_gpus, new_slots
         self.paused, self._stop_sent = None, False
         self.transport.end(leavers, LEAVE_S)
-        log.info("segment resized in place run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
+        log.debug("segment resized in place run_key=%s round=%d gpus=%s (%d stay, %d join, %d leave)",
                  spec.run_key, self.round, new_gpus, len(plan.stay), len(joiners), len(leavers))
         return True
 

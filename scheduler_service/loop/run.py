@@ -365,7 +365,7 @@ class LoopRun:
         """Its finish at best, if even that is past its deadline: on the
         widest set it may have, at the speed it shows, after a restart."""
         curve = self.job.curve
-        levels = [g for g in curve.levels if g <= widest]
+        levels = curve.capped(widest)
         if self.deadline is None or not levels or self.phase == RunPhase.FINISHED or self.finishing:
             return None
         best = now + start_s + max(0.0, self.job.iterations - self.iteration) / curve.speed(levels[-1])

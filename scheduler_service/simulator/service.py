@@ -283,8 +283,9 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
                 backend.carry_out(action, now)
             elif isinstance(action, (Admitted, Rejected)):
                 records[action.run_id].decision = _decision(action)
-        if not usage or usage[-1][1] != backend.in_use():
-            usage.append((now, backend.in_use()))
+        in_use = backend.in_use()
+        if not usage or usage[-1][1] != in_use:
+            usage.append((now, in_use))
         if on_progress is not None:
             on_progress(next_arrival, n)
         if loop.live() and not backend.busy() and next_arrival >= n:
@@ -300,7 +301,7 @@ def simulate_service(jobs: Sequence[Job], topology: AnyTopology, settings: LoopS
             # the next slot's plan: the boundary after this slot (slot_after(now + 1e-6) was `now` again
             # a few times per slot late in a trace, its tolerance growing with the slot number)
             candidates.append(_next_look(loop, clock.slot_of(now) + 1, clock.interval, now, actuation.every_boundary,
-                                         min(candidates, default=math.inf)))
+                                         next((t for t in (backend.next_at(),) if t is not None), math.inf)))
         if not candidates:
             break
         now = max(min(candidates), now + 1e-6)
@@ -315,9 +316,10 @@ def _next_look(loop: ControlLoop, slot: int, interval: float, now: float, every_
     the last boundary a slot short of the time it names (a crossing it
     computes in continuous time is never skipped by rounding), and never past
     the idle limit (a deadlock is still found). Never past the boundary
-    that begins the slot of the next event either: the loop looks at the
-    first step of each slot (at its boundary, as the worker's first poll in
-    it), not at an event's step in the middle of it."""
+    that begins the slot of the backend's next event either: the loop looks
+    at the first step of each slot (at its boundary, as the worker's first
+    poll in it), not at an event's step in the middle of it (an arrival is
+    planned for at once wherever it lands: its slot's boundary may go)."""
     if every_boundary or event_at <= (slot + 1) * interval:
         return slot * interval
     quiet = min(loop.quiet_until(now), now + IDLE_SLOTS * interval)

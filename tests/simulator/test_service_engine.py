@@ -82,6 +82,23 @@ CURVES = [
 ]
 
 
+def random_trace(seed: int, load: float, interval: float, burst: bool = False) -> tuple[Topology, list[Job]]:
+    """A small cluster and 5 to 40 jobs arriving at about `load` times what
+    it holds (`burst`: half of them at once, as sweeps come), one in ten
+    best-effort, deadlines 0.5 to 1.5 times a job's duration at its width."""
+    rng = random.Random(seed)
+    topology = Topology(1, rng.choice([1, 2, 4]), rng.choice([2, 4, 8]))
+    jobs, t = [], 0.0
+    for i in range(rng.randint(5, 40)):
+        t += 0.0 if burst and rng.random() < 0.5 else rng.expovariate(1 / (1800 / load))
+        curve = rng.choice(CURVES)
+        duration = rng.uniform(300, 20_000)
+        iterations = duration * curve.points[rng.choice([1, 2, 4])]
+        deadline = None if rng.random() < 0.1 else t + rng.uniform(0.5, 1.5) * duration
+        jobs.append(Job(str(i), t + rng.uniform(0, interval), iterations, deadline, curve))
+    return topology, jobs
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), load=st.floats(0.3, 3.0), interval=st.sampled_from([60.0, 240.0]),
        policy=st.sampled_from(["elasticflow", "elasticflow-overload"]), burst=st.booleans(),
@@ -91,16 +108,7 @@ def test_in_the_service_loop_admitted_jobs_meet_their_deadlines_on_random_traces
         seed: int, load: float, interval: float, policy: str, burst: bool, restart_s: float, margin: float,
         in_place: float | None) -> None:
     """`in_place`: resizes that keep GPUs cost that fraction of a restart (None: a restart)."""
-    rng = random.Random(seed)
-    topology = Topology(1, rng.choice([1, 2, 4]), rng.choice([2, 4, 8]))
-    jobs, t = [], 0.0
-    for i in range(rng.randint(5, 40)):
-        t += 0.0 if burst and rng.random() < 0.5 else rng.expovariate(1 / (1800 / load))  # sweeps at once
-        curve = rng.choice(CURVES)
-        duration = rng.uniform(300, 20_000)
-        iterations = duration * curve.points[rng.choice([1, 2, 4])]
-        deadline = None if rng.random() < 0.1 else t + rng.uniform(0.5, 1.5) * duration
-        jobs.append(Job(str(i), t + rng.uniform(0, interval), iterations, deadline, curve))
+    topology, jobs = random_trace(seed, load, interval, burst)
     options = ServiceOptions(safety_margin=margin, in_place_s=None if in_place is None else in_place * restart_s)
     overhead = RestartOverhead(stop_s=2.0, restart_s=restart_s, per_level_s=2.0)
     result = summarize(simulate_service(jobs, topology, options.loop(policy, interval, overhead)))
@@ -117,16 +125,7 @@ def test_skipping_the_boundaries_the_loop_says_are_quiet_changes_no_decision(
     neither act nor learn (`ControlLoop.quiet_until`): every job is decided,
     started, resized and finished as when the loop looks at every boundary,
     as the worker polls it."""
-    rng = random.Random(seed)
-    topology = Topology(1, rng.choice([1, 2, 4]), rng.choice([2, 4, 8]))
-    jobs, t = [], 0.0
-    for i in range(rng.randint(5, 30)):
-        t += rng.expovariate(1 / (1800 / load))
-        curve = rng.choice(CURVES)
-        duration = rng.uniform(300, 20_000)
-        deadline = None if rng.random() < 0.1 else t + rng.uniform(0.5, 1.5) * duration
-        jobs.append(Job(str(i), t + rng.uniform(0, interval), duration * curve.points[rng.choice([1, 2, 4])],
-                        deadline, curve))
+    topology, jobs = random_trace(seed, load, interval)
     noise = Noise(seed=seed, speed_sigma=0.2, start_sigma=0.2, slow=SlowPeriods()) if noisy else Noise()
     runs = []
     for every_boundary in (True, False):

@@ -66,9 +66,9 @@ def test_a_signal_for_the_leader_reaches_it_and_not_the_rest_of_its_group(tmp_pa
     heard = tmp_path / "heard"
     leader = subprocess.Popen([sys.executable, "-c",
                                "import pathlib, signal, subprocess, sys, time\n"
-                               "child = subprocess.Popen(['sleep', '300'])\n"
-                               "print(child.pid, flush=True)\n"
                                f"signal.signal(signal.SIGHUP, lambda *_: pathlib.Path({str(heard)!r}).touch())\n"
+                               "child = subprocess.Popen(['sleep', '300'])\n"
+                               "print(child.pid, flush=True)\n"  # ready: its handler is in place
                                "time.sleep(300)"], stdout=subprocess.PIPE, start_new_session=True)
     try:
         child = int(leader.stdout.readline())  # type: ignore[union-attr]

@@ -247,22 +247,37 @@ class LoopRun:
         return not whole
 
     # -- what the plans see ----------------------------------------------------
-    def observe_speed(self, profiled: float) -> bool:
-        """Plan with the speed the run shows, not only its profile: a shared
-        machine is slower than an idle one. Only slower (a profile is the best
-        case), at its measured ratio (an average of its observations), and
-        only a change of 3% or more is applied; True then. Moving the plan's
-        ratio 30% of the way to each observation under that same 3% rule froze
-        it about 10% short of the truth: a run at 0.84 of its profile was
-        planned at 0.92 all its life, and missed (dev102 under noise)."""
-        gpus = len(self.commanded)
-        measured = self.reported_rate
-        if not measured or measured <= 0 or profiled <= 0 or not gpus or len(self.reported_gpus) != gpus:
+    def _look(self) -> tuple[float, float] | None:
+        """One more observation of the rate it shows on the set it was told:
+        its measured ratio then (an average of its observations), and the
+        plan ratio that gives (only slower than the profile, at least 0.2);
+        None when there is nothing to look at."""
+        gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
+        rate = self.reported_rate
+        profiled = self.job.curve.points.get(gpus, 0.0) / self.speed_ratio if gpus else 0.0
+        if not rate or rate <= 0 or profiled <= 0 or len(self.reported_gpus) != gpus:
+            return None
+        raw = rate / profiled  # against its profile
+        measured = raw if self.measured_ratio is None else 0.5 * self.measured_ratio + 0.5 * raw
+        return measured, min(1.0, max(0.2, measured))
+
+    def _moves_plan(self, ratio: float) -> bool:
+        return abs(ratio - self.speed_ratio) >= 0.03 * self.speed_ratio
+
+    def observe(self) -> bool:
+        """Once a slot: plan with the speed the run shows, not only its
+        profile (a shared machine is slower than an idle one); True if that
+        moved its curve. Only slower (a profile is the best case), at its
+        measured ratio, and only a change of 3% or more is applied. Moving the
+        plan's ratio 30% of the way to each observation under that same 3%
+        rule froze it about 10% short of the truth: a run at 0.84 of its
+        profile was planned at 0.92 all its life, and missed (dev102 under
+        noise)."""
+        look = self._look()
+        if look is None:
             return False
-        raw = measured / profiled
-        self.measured_ratio = raw if self.measured_ratio is None else 0.5 * self.measured_ratio + 0.5 * raw
-        ratio = min(1.0, max(0.2, self.measured_ratio))
-        if abs(ratio - self.speed_ratio) < 0.03 * self.speed_ratio:
+        self.measured_ratio, ratio = look
+        if not self._moves_plan(ratio):
             return False
         curve = self.job.curve
         base = {g: v / self.speed_ratio for g, v in curve.points.items()}
@@ -271,17 +286,11 @@ class LoopRun:
         return True
 
     def learnt(self) -> bool:
-        """Whether another slot's `observe` of the rate it shows would change
-        nothing: its measured ratio at its fixed point, and no change of plan
-        speed due (a driver may then skip the slots until something happens)."""
-        gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
-        if not gpus or not self.reported_rate or gpus not in self.job.curve.points or len(self.reported_gpus) != gpus:
-            return True  # `observe` would look at nothing
-        raw = self.reported_rate / (self.job.curve.speed(gpus) / self.speed_ratio)
-        measured = self.measured_ratio
-        if measured is None or 0.5 * measured + 0.5 * raw != measured:
-            return False
-        return abs(min(1.0, max(0.2, measured)) - self.speed_ratio) < 0.03 * self.speed_ratio
+        """Whether another `observe` would change nothing: its measured ratio
+        at its fixed point, and no change of plan speed due (a driver may
+        then skip the slots until something happens)."""
+        look = self._look()
+        return look is None or look[0] == self.measured_ratio and not self._moves_plan(look[1])
 
     def on_kind(self, kind: str) -> None:
         """Placed on GPUs of `kind`: planned with its curve there from now on
@@ -289,13 +298,6 @@ class LoopRun:
         if kind and kind != self.job.kind and kind in self.job.kinds:
             self.job = self.job.on(kind)
             self.speed_ratio, self.measured_ratio = 1.0, None
-
-    def observe(self) -> bool:
-        """Once a slot: take in the speed it shows; True if that moved its curve."""
-        gpus = len(self.commanded) if self.phase == RunPhase.RUNNING else 0
-        if not gpus or not self.reported_rate or gpus not in self.job.curve.points:
-            return False
-        return self.observe_speed(self.job.curve.speed(gpus) / self.speed_ratio)
 
     def slipped(self, now: float, slack_s: float) -> bool:
         """Whether its finish, at the speed it has now, is more than `slack_s`

@@ -4,7 +4,7 @@ running run a slot (`Speeds.observe`), two lessons:
 - a model's lasting gap from its profile (`ModelGaps`): a profile is one
   measurement on an idle moment; a run then trains beside others (a shared
   file system, a busy CPU, a slow node). Each run's own plan already follows
-  the speed it shows (`LoopRun.observe_speed`); this carries a lasting gap
+  the speed it shows (`LoopRun.observe`); this carries a lasting gap
   over to the model, so its next run is admitted on the speed its runs
   really train at. Only a gap seen in LASTING observations in a row (a slot
   apart) counts, and the profile stays the best case: a model is never
@@ -56,17 +56,27 @@ class ModelGaps:
             return job
         return replace(job, curve=ThroughputCurve({g: v * ratio for g, v in job.curve.points.items()}))
 
+    def _compare(self, profile: Job, gpus: int, rate: float | None) -> tuple[Key, float, bool] | None:
+        """Its model's key, the ratio of `rate` to the profile, and whether
+        that is off what the model is planned with by GAP or more; None when
+        there is nothing to compare."""
+        key = self._key(profile)
+        speed = profile.curve.points.get(gpus, 0.0)
+        if key is None or not rate or rate <= 0 or speed <= 0:
+            return None
+        ratio = min(1.0, max(FLOOR, rate / speed))
+        planned = self.ratios.get(key, 1.0)
+        return key, ratio, abs(ratio - planned) >= GAP * planned
+
     def observe(self, run_id: str, profile: Job, gpus: int, rate: float | None) -> bool:
         """A running run's rate on `gpus` GPUs against `profile` (its job as
         measured, before any correction), once a slot; True if that moved
         what its model is planned with."""
-        key = self._key(profile)
-        speed = profile.curve.points.get(gpus, 0.0)
-        if key is None or not rate or rate <= 0 or speed <= 0:
+        compared = self._compare(profile, gpus, rate)
+        if compared is None:
             return False
-        ratio = min(1.0, max(FLOOR, rate / speed))
-        planned = self.ratios.get(key, 1.0)
-        if abs(ratio - planned) < GAP * planned:
+        key, ratio, off = compared
+        if not off:
             self._streaks.pop(run_id, None)
             return False
         streak = self._streaks.setdefault(run_id, [])
@@ -83,12 +93,8 @@ class ModelGaps:
     def learnt(self, run_id: str, profile: Job, gpus: int, rate: float | None) -> bool:
         """Whether another `observe` of this rate would change nothing: no
         gap from what its model is planned with, and no streak to end."""
-        key = self._key(profile)
-        speed = profile.curve.points.get(gpus, 0.0)
-        if key is None or not rate or rate <= 0 or speed <= 0:
-            return True
-        planned = self.ratios.get(key, 1.0)
-        return run_id not in self._streaks and abs(min(1.0, max(FLOOR, rate / speed)) - planned) < GAP * planned
+        compared = self._compare(profile, gpus, rate)
+        return compared is None or not compared[2] and run_id not in self._streaks
 
 
 class MarginRule(BaseModel):

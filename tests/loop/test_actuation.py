@@ -351,7 +351,7 @@ def test_a_run_that_reported_its_last_iteration_is_neither_parked_nor_told_its_g
     a start it will never make is no reason to say its deadline is lost (a
     run that met its deadline with 8 s to spare was told so 2 s before)."""
     from scheduler_service.loop.actions import GuaranteeLost
-    from scheduler_service.loop.loop import LoopSettings
+    from scheduler_service.loop import LoopSettings
     from tests.loop.driver import SETTINGS
 
     d = Driver(settings=LoopSettings(**{**SETTINGS.model_dump(), "defend": True}))

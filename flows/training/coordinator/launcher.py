@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.training.control import FileControlChannel, GpuSlot
+from flows.training.control import GpuSlot
 from flows.training.coordinator.segment_machine import Segment
 from flows.training.launch.identity import RankIdentity
 from flows.training.launch.standby import POOL, Worker, WorkerPool
@@ -95,8 +95,7 @@ class Processes:
     def take(self, slots: list[int]) -> list[ProcessRank]:
         return [ProcessRank(proc) for proc in self.pool.take(len(slots))]
 
-    def meet(self, ranks: list[ProcessRank], slots: list[int], gpus: list[int], spec: SegmentSpec,
-             launch_t: float) -> list[RankOrder]:
+    def meet(self, ranks: list[ProcessRank], gpus: list[int], spec: SegmentSpec, launch_t: float) -> list[RankOrder]:
         return rank_orders(local_seats(gpus), JOB_ADDR, free_port(JOB_ADDR), spec.device, launch_t, gpus)
 
     def hand_over(self, ranks: list[ProcessRank], orders: list[RankOrder], spec: SegmentSpec,
@@ -198,9 +197,9 @@ class Processes:
 
 
 def local_segment(spec: SegmentSpec, gpus: list[int], workdir: Path | None = None, pool: WorkerPool | None = None,
-                  identity: RankIdentity | None = None, control: FileControlChannel | None = None) -> Segment:
+                  identity: RankIdentity | None = None) -> Segment:
     """A segment of rank processes on this machine, its folder under `workdir`."""
-    return Segment(spec, gpus, Processes(spec, workdir, pool, identity), control=control)
+    return Segment(spec, gpus, Processes(spec, workdir, pool, identity))
 
 
 def prune_segment_dirs(folder: Path, keep: int = 5) -> None:

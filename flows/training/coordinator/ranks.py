@@ -45,13 +45,12 @@ class LocalRanks:
 
     in_place = True
 
-    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL, identity: RankIdentity | None = None,
-                 control: FileControlChannel | None = None) -> None:
-        self.segments_dir, self.pool, self.identity, self.control = segments_dir, pool, identity, control
+    def __init__(self, segments_dir: Path, pool: WorkerPool = POOL, identity: RankIdentity | None = None) -> None:
+        self.segments_dir, self.pool, self.identity = segments_dir, pool, identity
 
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> Segment:
         prune_segment_dirs(self.segments_dir, keep=KEEP_SEGMENT_DIRS - 1)  # and this one makes the count
-        return local_segment(spec, gpus, self.segments_dir, self.pool, self.identity, self.control)
+        return local_segment(spec, gpus, self.segments_dir, self.pool, self.identity)
 
     def refill(self, upcoming: list[int]) -> None:
         self.pool.refill(len(upcoming))
@@ -75,5 +74,5 @@ def ranks_for(
         loopback_before_import(ray_address)  # before `ray` is imported, below
         from flows.training.coordinator.ray_ranks import RayRanks
 
-        return RayRanks(ray_address, run_key, channel)
-    return LocalRanks(channel.folder / "segments", identity=identity, control=channel)
+        return RayRanks(ray_address, run_key)
+    return LocalRanks(channel.folder / "segments", identity=identity)

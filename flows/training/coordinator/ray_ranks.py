@@ -38,7 +38,7 @@ loopback_before_import()
 
 import ray  # noqa: E402
 
-from flows.training.control import FileControlChannel, GpuSlot  # noqa: E402
+from flows.training.control import GpuSlot  # noqa: E402
 from flows.training.coordinator.ray_pool import ActorPool, end_actors, spares_per_node  # noqa: E402
 from flows.training.coordinator.ray_where import answers, lost, ray_seats, slots_for  # noqa: E402
 from flows.training.coordinator.segment_machine import RanksGone, Segment  # noqa: E402
@@ -94,18 +94,17 @@ class RayActors:
     def take(self, slots: list[GpuSlot]) -> list[RayRank]:
         return [RayRank(self.pool.take(slot), slot) for slot in slots]
 
-    def meet(self, ranks: list[RayRank], slots: list[GpuSlot], gpus: list[int], spec: SegmentSpec,
-             launch_t: float) -> list[RankOrder]:
+    def meet(self, ranks: list[RayRank], gpus: list[int], spec: SegmentSpec, launch_t: float) -> list[RankOrder]:
         """Each new rank says where it landed (hard affinity makes another
         node impossible; checked anyway); the group meets at the first's."""
         new = [rank for rank in ranks if rank.where is None]
         try:
             for rank, where in zip(new, ray.get([rank.actor.where.remote() for rank in new], timeout=HANDOVER_S)):
                 rank.where = where
-            for r, (slot, rank) in enumerate(zip(slots, ranks)):
-                if rank.where["node"] != slot.node:  # type: ignore[index]
-                    raise MisplacedRank(f"rank {r} landed on node {rank.where['node']}, not {slot.node} "  # type: ignore[index]
-                                        f"({slot.name})")
+            for r, rank in enumerate(ranks):
+                if rank.where["node"] != rank.slot.node:  # type: ignore[index]
+                    raise MisplacedRank(f"rank {r} landed on node {rank.where['node']}, not {rank.slot.node} "  # type: ignore[index]
+                                        f"({rank.slot.name})")
             where = [rank.where for rank in ranks]
             elsewhere = sorted({w["host"] for w in where} - {socket.gethostname()})  # type: ignore[index]
             if elsewhere and _is_local_path(spec.checkpoint_url):
@@ -116,12 +115,13 @@ class RayActors:
             master_ip = where[0]["ip"]  # type: ignore[index]
             port = ray.get(ranks[0].actor.free_port.remote(master_ip), timeout=HANDOVER_S)
         except (MisplacedRank, *RANKS_GONE) as exc:
-            nodes = ", ".join(sorted({slot.name for slot in slots}))
+            nodes = ", ".join(sorted({rank.slot.name for rank in ranks}))
             raise RanksGone(f"ranks could not start on {nodes}: {type(exc).__name__}: {exc}",
                             died=isinstance(exc, (ray.exceptions.RayActorError,
                                                   ray.exceptions.ActorUnschedulableError))) from exc
         log.debug("ranks meet on Ray run_key=%s gpus=%s master=%s:%d", spec.run_key, gpus, master_ip, port)
-        return rank_orders(ray_seats(slots, where), master_ip, port, spec.device, launch_t, gpus)  # type: ignore[arg-type]
+        return rank_orders(ray_seats([rank.slot for rank in ranks], where), master_ip, port, spec.device, launch_t,
+                           gpus)  # type: ignore[arg-type]
 
     def hand_over(self, ranks: list[RayRank], orders: list[RankOrder], spec: SegmentSpec, round_: int,
                   joins: bool) -> None:
@@ -228,14 +228,13 @@ class RayRanks:
 
     in_place = True
 
-    def __init__(self, address: str, run_key: str, control: FileControlChannel | None) -> None:
+    def __init__(self, address: str, run_key: str) -> None:
         connect(address)
         self.pool = ActorPool(run_key, spares_per_node())
-        self.control = control
         self.last: Segment | None = None
 
     def segment(self, spec: SegmentSpec, gpus: list[int], placement: list[GpuSlot] | None) -> Segment:
-        self.last = Segment(spec, gpus, RayActors(self.pool), placement, self.control)
+        self.last = Segment(spec, gpus, RayActors(self.pool), placement)
         return self.last
 
     def refill(self, upcoming: list[int]) -> None:

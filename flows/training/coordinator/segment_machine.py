@@ -54,8 +54,7 @@ class Transport(Protocol):
     def take(self, slots: list[Hashable]) -> list[Any]:
         """Warm ranks for `slots`, not told anything yet."""
 
-    def meet(self, ranks: list[Any], slots: list[Hashable], gpus: list[int], spec: SegmentSpec,
-             launch_t: float) -> list[RankOrder]:
+    def meet(self, ranks: list[Any], gpus: list[int], spec: SegmentSpec, launch_t: float) -> list[RankOrder]:
         """Each rank's order, the group meeting at the first's address
         (RanksGone: a rank cannot be reached; ValueError: the spec cannot
         run where they are)."""
@@ -103,12 +102,13 @@ class Segment:
     """A running segment (a `supervision.RunningSegment`) over a `Transport`."""
 
     def __init__(self, spec: SegmentSpec, gpus: list[int], transport: Transport,
-                 placement: list[GpuSlot] | None = None, control: FileControlChannel | None = None) -> None:
+                 placement: list[GpuSlot] | None = None) -> None:
         if not gpus:
             raise ValueError("a segment needs at least one GPU / worker slot")
         self.spec, self.gpus, self.transport = spec, list(gpus), transport
         self.slots = transport.slots(self.gpus, placement)
-        self.control = control or (FileControlChannel(spec.run_key, spec.control_dir) if spec.control_dir else None)
+        # The scheduler's commands for this run, which the segment forwards to its ranks as a stop.
+        self.control = FileControlChannel(spec.run_key, spec.control_dir) if spec.control_dir else None
         self.ranks: list[Any] = []
         self.orders: list[RankOrder] = []
         self.launch_t = 0.0
@@ -130,7 +130,7 @@ class Segment:
         self.launch_t = time.time()
         self.ranks = self.transport.take(self.slots)
         try:
-            self.orders = self.transport.meet(self.ranks, self.slots, self.gpus, self.spec, self.launch_t)
+            self.orders = self.transport.meet(self.ranks, self.gpus, self.spec, self.launch_t)
             self.transport.hand_over(self.ranks, self.orders, self.spec, self.round, joins=False)
         except RanksGone as exc:
             self.died = self.died or exc.died
@@ -160,7 +160,7 @@ class Segment:
         new_slots = [self.slots[r] for r in plan.stay] + [slots[i] for i in plan.joining]
         launch_t = time.time()
         try:
-            orders = self.transport.meet(ranks, new_slots, new_gpus, spec, launch_t)
+            orders = self.transport.meet(ranks, new_gpus, spec, launch_t)
         except (RanksGone, ValueError) as exc:
             log.warning("no resize in place run_key=%s: newcomers could not start (%s: %s)", spec.run_key,
                         type(exc).__name__, exc)

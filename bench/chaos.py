@@ -354,8 +354,23 @@ class Chaos:
                 continue
             faults = ",".join(sorted(self.hit.get(view.flow_run_id, ()))) or "no fault"
             found.append(Violation(problem=Problem.FAILED, run=view.flow_run_id,
-                                   detail=f"{kind} run {view.outcome.value} ({view.detail}); faults: {faults}"))
+                                   detail=f"{kind} run {view.outcome.value} ({view.detail}); faults: {faults}; "
+                                          f"Prefect: {self._final_message(view.flow_run_id)}"))
         return found
+
+    def _final_message(self, run_id: str) -> str:
+        """The run's final state and its message (the exception that ended it):
+        a failure seen once in three runs is found from this line, not rerun."""
+        from uuid import UUID
+
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(UUID(run_id)).state
+        except Exception as exc:  # noqa: BLE001  # the server restarting: say so, the line still counts
+            return f"unread ({type(exc).__name__})"
+        return f"{state.name}: {(state.message or '')[:400]!r}" if state is not None else "no state"
 
     def outcomes(self) -> dict[str, dict[str, int]]:
         """Each run's outcome, by the kind of submission: what a user counts."""
@@ -480,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-every", type=float, default=25.0,
                         help="mean seconds between faults (each 0.6-1.4 times it, the first at 0.8 times it)")
     parser.add_argument("--ray", action="store_true", help="ranks on a 2 x 2 loopback Ray cluster")
-    parser.add_argument("--keep", action="store_true", help="keep the home (store, logs) and print where")
+    parser.add_argument("--keep", action="store_true", help="keep the home (store, logs) and print where; kept anyway when a violation was found")
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="elasticflow-chaos-"))
     with socket.socket() as probe:  # Prefect reads its settings at import: they are set before it is imported
@@ -499,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
         figures = {**chaos.run(args.minutes, args.runs, args.fault_every, args.faults), "seed": args.seed}
     finally:
         chaos.stop()
-        if not args.keep:
+        if args.keep or chaos.seen:  # a violation's evidence (logs, store) outlives the run that found it
+            say(f"home kept: {chaos.home}")
+        else:
             shutil.rmtree(base, ignore_errors=True)
     for line in chaos.seen:
         print("  " + line)

@@ -324,9 +324,9 @@ class Chaos:
         return excused
 
     def check(self, final: bool) -> int:
-        from scheduler_service.stack.audit import audit, decision_counts
+        from scheduler_service.stack.audit import audit
 
-        found = audit(self.home, self._prefect_runs(), decision_counts(self.home), self.excused() if final else {},
+        found = audit(self.home, self._prefect_runs(), excused=self.excused() if final else {},
                       settle_s=0.0 if final else 120.0).violations
         if final:
             found += self.failures()
@@ -415,10 +415,10 @@ class Chaos:
         return set(self.runs) - ended
 
     def check_quietly(self) -> int:
-        from scheduler_service.stack.audit import audit, decision_counts
+        from scheduler_service.stack.audit import audit
 
         try:
-            return len(audit(self.home, self._prefect_runs(), decision_counts(self.home), settle_s=0.0).violations)
+            return len(audit(self.home, self._prefect_runs(), settle_s=0.0).violations)
         except Exception:
             return 1
 

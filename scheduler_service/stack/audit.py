@@ -75,15 +75,19 @@ def prefect_run(flow_run: Any) -> PrefectRun:
                       final=state.is_final(), since=state.timestamp)
 
 
-def audit(home: Path, prefect: list[PrefectRun], decisions: dict[str, int], excused: dict[str, str] | None = None,
-          settle_s: float = 30.0, now: datetime | None = None) -> Audit:
+def audit(home: Path, prefect: list[PrefectRun], decisions: dict[str, int] | None = None,
+          excused: dict[str, str] | None = None, settle_s: float = 30.0, now: datetime | None = None) -> Audit:
     """Every violation among the runs Prefect knows (`prefect`) and the store
-    keeps. `decisions`: decision rows per run; `excused`: runs a known fault
-    hit (they may miss their deadline); a change younger than `settle_s` is
-    given time (the worker writes the store within a poll of it)."""
+    keeps. `decisions`: decision rows per run, read from the store after its
+    runs when not given: read before them, a run decided in between was seen
+    admitted with no decision (chaos counted one such); `excused`: runs a
+    known fault hit (they may miss their deadline); a change younger than
+    `settle_s` is given time (the worker writes the store within a poll of it)."""
     now = now or datetime.now(timezone.utc)
     settled = lambda since: (now - since) > timedelta(seconds=settle_s)  # noqa: E731
     views = {v.flow_run_id: v for v in report(home).runs}
+    if decisions is None:
+        decisions = decision_counts(home)  # a decision and its run's phase are one write: this sees both
     found: list[Violation] = []
     for run in prefect:
         view = views.get(run.id)

@@ -49,3 +49,30 @@ def test_a_run_the_store_never_took_in_is_lost_unless_cancelled_first_or_still_w
                      final=state_type != "SCHEDULED", since=long_ago)
     found = audit(tmp_path, [run], {})
     assert [v.problem for v in found.violations] == ([Problem.LOST] if flagged else [])
+
+
+def test_a_run_decided_while_the_audit_reads_has_its_one_decision(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chaos once counted a run admitted with 0 decisions: the decision rows
+    were read, then the worker decided the run (decision and phase in one
+    write), then the runs' phases were read. The decisions are read after the
+    phases, so a run seen decided is seen with its decision."""
+    from scheduler_service.stack import audit as audit_module
+    from scheduler_service.store.db import get_engine
+    from scheduler_service.worker.store import DecisionRecord, ServiceStore
+
+    monkeypatch.delenv("ELASTICFLOW_DATABASE_URL", raising=False)
+    store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
+    store.upsert_job("r1", RunPhase.ARRIVED, flow_run_name="calm-otter", model="mlp", global_batch_size=32,
+                     iterations=1000, submitted_at=datetime.now(timezone.utc))
+    read_phases = audit_module.report
+
+    def the_worker_decides_first(home: Path) -> object:  # the worker's write lands just before this read
+        store.decided(DecisionRecord(flow_run_id="r1", admitted=True, reason="admitted", share=1), RunPhase.ADMITTED)
+        return read_phases(home)
+
+    monkeypatch.setattr(audit_module, "report", the_worker_decides_first)
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=5)
+    run = PrefectRun(id="r1", state_type="SCHEDULED", state_name="Admitted", final=False, since=long_ago)
+    found = audit(tmp_path, [run])
+    assert Problem.DECISIONS not in [v.problem for v in found.violations], found.lines()

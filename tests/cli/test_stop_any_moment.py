@@ -101,13 +101,13 @@ def _status(home: Path, run_id: str) -> dict[str, Any]:
 def _audit(home: Path, ids: list[str]) -> Any:
     from prefect.client.orchestration import get_client
 
-    from scheduler_service.stack.audit import audit, decision_counts, read_flow_runs
+    from scheduler_service.stack.audit import audit, read_flow_runs
 
     async def read() -> Any:
         async with get_client() as client:
             return await read_flow_runs(client, ids)
 
-    return audit(home, asyncio.run(read()), decision_counts(home), settle_s=0.0)
+    return audit(home, asyncio.run(read()), settle_s=0.0)
 
 
 def _all_ended(home: Path, ids: list[str]) -> bool:

@@ -10,39 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_service.worker.render import short_name
 from tests.service.conftest import Stack
+from tests.scenarios import allocations as _allocations
 from tests.stack import state_names as _state_names
 
 pytestmark = pytest.mark.slow
-
-
-def _ack_gpus(stack: Stack, run_id: str) -> list[int] | None:
-    path = stack.home / "control" / run_id / "ack.json"
-    return json.loads(path.read_text())["gpus"] if path.exists() else None
-
-
-def _allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
-    from sqlmodel import Session, select
-
-    from scheduler_service.store.db import get_engine
-    from scheduler_service.worker.store import AllocationRecord
-
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
-        rows = session.exec(select(AllocationRecord).where(AllocationRecord.flow_run_id == run_id)
-                            .order_by(AllocationRecord.id)).all()
-    return [(r.action, r.gpus) for r in rows]
-
-
-def _cluster_artifact() -> str:
-    """The service's cluster-wide view: one keyed artifact, updated in place."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        (artifact,) = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["elasticflow-cluster"])))
-    return str(artifact.data)
 
 
 def _wait_training(stack: Stack, run_id: str, past: int = 0) -> Path:
@@ -51,72 +23,6 @@ def _wait_training(stack: Stack, run_id: str, past: int = 0) -> Path:
     stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > past, 150,
                      "the run to train")
     return status
-
-
-def test_an_admitted_run_takes_both_slots_and_a_second_arrival_shrinks_it_in_place(stack: Stack) -> None:
-    """One flow run alone gets both slots; a malformed arrival is rejected without
-    touching it; a deadline run that must start now takes one of its slots (the
-    first shrinks in place, inside the same flow run) and completes. (A run
-    resized in place training on to its end: tests/runtime/test_resize_in_place.py,
-    and through the service test_teams_stack.py and the Ray stack test.)"""
-    # It cannot end before the second one's deadline however fast this machine trains (CI's
-    # trained 20,000 iterations in 80 s, and the cancellation below then landed on a run that had
-    # just completed), so the second cannot wait for it; cancelled once that is seen, not trained
-    # to its end. 200,000 iterations are 10,000 s at the profiled rate: due in twelve hours, room
-    # for a machine that trains at a quarter of the profile.
-    stack.wait_idle()  # alone: the run before this one may still hold a slot while its process ends
-    first = stack.submit(iterations=200_000, deadline="+12h", checkpoint_interval=500)
-    try:
-        status = stack.home / "control" / first / "status.json"
-
-        def iteration() -> int:
-            return json.loads(status.read_text()).get("iteration", 0) if status.exists() else 0
-
-        stack.wait_until(iteration, 150, "the first run to train")
-        assert _ack_gpus(stack, first) == [0, 1]  # alone: both slots, where it was placed
-        # Whether this start was slow enough for the start-cost warning depends on the
-        # machine (a warm fork server starts a run in under the 2.5 s charged, a loaded
-        # one in several): tests/loop/test_start_cost.py checks the warning itself.
-        assert _allocations(stack, first)[0] == ("launch", "0,1")
-        run = stack.flow_run(first)
-        assert run.labels["elasticflow.mss"] == "1" and run.labels["elasticflow.world_size"] == "2"
-        (decision,) = stack.events(first, "elasticflow.decision")
-        assert decision["payload"]["admitted"] is True and decision["payload"]["mss"] == 1
-
-        malformed = stack.submit(iterations=0, deadline="+10m")
-        # 34 s of work at the profiled rate, due in 120 s: room for a start and for training at
-        # half the profile (a loaded machine trains slower than it, and the loop learns so).
-        second = stack.submit(iterations=20 * 34, deadline="+120s", checkpoint_interval=500)
-        rejected = stack.wait_final(malformed, 60)
-        assert rejected.state.type.value == "CANCELLED" and rejected.state.name == "Rejected"
-        assert rejected.state.message.startswith("invalid_parameters: iterations:")
-
-        # A resize in place on a machine loaded far past its cores once took 71 s from the decision.
-        shrunk = stack.wait_until(lambda: _ack_gpus(stack, first) in ([0], [1]), 150, "the first run to shrink")
-        at_shrink = iteration()
-        second_run = stack.wait_final(second, 180)
-        assert second_run.state.is_completed(), second_run.state
-        second_launch = next(gpus for action, gpus in _allocations(stack, second) if action == "launch")
-        assert [int(second_launch)] != shrunk  # never on the slot the first one kept
-        assert "rescale" in [action for action, _ in _allocations(stack, first)]
-        stack.wait_until(lambda: iteration() > at_shrink, 60, "the first run to train on after its shrink")
-        stack.cancel(first)
-        assert stack.wait_final(first, 120).state.is_cancelled()
-        # The release is recorded when the flow process has exited, a moment after its run ends.
-        history = stack.wait_until(lambda: (h := stack.allocation_artifact(first)) and "| release |" in h and h, 30,
-                                   "the release in the allocation history")
-        for action in ("admitted", "launch", "rescale", "release"):
-            assert f"| {action} |" in history
-        cluster = _cluster_artifact()
-        assert short_name(stack.flow_run(first).name) in cluster and "data:image/png;base64," in cluster  # jobs and the plot
-        names = _state_names(first)
-        assert names[:2] == ["Scheduled", "Admitted"] and names[-1] == "Cancelled"
-        assert names.count("Pending") == 1  # one flow run throughout: the resize happened inside it
-        rescaling = names.index("Rescaling")  # shown while it checkpoints and moves, then back to Running
-        assert names[rescaling + 1] == "Running"
-    finally:  # never left training for the tests after this one
-        if not stack.flow_run(first).state.is_final():
-            stack.cancel(first)
 
 
 @pytest.mark.parametrize(

@@ -48,10 +48,14 @@ from flows.training.segment import SegmentSpec  # noqa: E402
 from flows.training.supervision import HANDOVER_S, Failure, ProgressLine, RankFailure  # noqa: E402
 
 log = logging.getLogger("elasticflow.ray")
-# A rank that is gone or cannot be reached: dead, on a node Ray gave up (an
-# actor pinned there is then unschedulable, not dead: a segment started on a
-# plan made a moment before its node died failed the whole run once), or silent.
-RANKS_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError, ray.exceptions.GetTimeoutError)
+# A rank that is gone or cannot be reached: any error of Ray's own about it.
+# Dead, on a node Ray gave up (an actor pinned there is then unschedulable, not
+# dead: a segment started on a plan made a moment before its node died failed
+# the whole run once), its node or worker dead, its environment not set up on
+# a node going away, or silent. Named one by one, the next kind a raylet kill
+# raised at a start failed a run at iteration 0 instead of restarting it.
+RANKS_GONE = (ray.exceptions.RayError,)
+SILENT = (ray.exceptions.GetTimeoutError, MisplacedRank)  # not known to be dead
 
 
 class CheckpointStoreNotShared(ValueError):
@@ -92,7 +96,10 @@ class RayActors:
         return slots
 
     def take(self, slots: list[GpuSlot]) -> list[RayRank]:
-        return [RayRank(self.pool.take(slot), slot) for slot in slots]
+        try:
+            return [RayRank(self.pool.take(slot), slot) for slot in slots]
+        except RANKS_GONE as exc:  # the cluster could not even be asked for them
+            raise RanksGone(f"ranks could not be created: {type(exc).__name__}: {exc}", died=False) from exc
 
     def meet(self, ranks: list[RayRank], gpus: list[int], spec: SegmentSpec, launch_t: float) -> list[RankOrder]:
         """Each new rank says where it landed (hard affinity makes another
@@ -117,8 +124,7 @@ class RayActors:
         except (MisplacedRank, *RANKS_GONE) as exc:
             nodes = ", ".join(sorted({rank.slot.name for rank in ranks}))
             raise RanksGone(f"ranks could not start on {nodes}: {type(exc).__name__}: {exc}",
-                            died=isinstance(exc, (ray.exceptions.RayActorError,
-                                                  ray.exceptions.ActorUnschedulableError))) from exc
+                            died=not isinstance(exc, SILENT)) from exc
         log.debug("ranks meet on Ray run_key=%s gpus=%s master=%s:%d", spec.run_key, gpus, master_ip, port)
         return rank_orders(ray_seats([rank.slot for rank in ranks], where), master_ip, port, spec.device, launch_t,
                            gpus)  # type: ignore[arg-type]

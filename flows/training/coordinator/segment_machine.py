@@ -52,7 +52,7 @@ class Transport(Protocol):
         """Where each GPU's rank runs (ValueError: GPUs the cluster does not have)."""
 
     def take(self, slots: list[Hashable]) -> list[Any]:
-        """Warm ranks for `slots`, not told anything yet."""
+        """Warm ranks for `slots`, not told anything yet (RanksGone: they cannot be made)."""
 
     def meet(self, ranks: list[Any], gpus: list[int], spec: SegmentSpec, launch_t: float) -> list[RankOrder]:
         """Each rank's order, the group meeting at the first's address
@@ -128,8 +128,8 @@ class Segment:
         """Hand each rank its part. Ranks that cannot start make the segment
         a crash, as a rank failing later would."""
         self.launch_t = time.time()
-        self.ranks = self.transport.take(self.slots)
         try:
+            self.ranks = self.transport.take(self.slots)
             self.orders = self.transport.meet(self.ranks, self.gpus, self.spec, self.launch_t)
             self.transport.hand_over(self.ranks, self.orders, self.spec, self.round, joins=False)
         except RanksGone as exc:
@@ -154,12 +154,13 @@ class Segment:
         plan = plan_regroup(list(zip(self.gpus, self.slots)), list(zip(gpus, slots)))
         if not plan.stay or self.transport.gone(self.ranks):
             return False
-        joiners = self.transport.take([slots[i] for i in plan.joining])
-        ranks = [self.ranks[r] for r in plan.stay] + joiners
+        joiners: list[Any] = []
         new_gpus = [self.gpus[r] for r in plan.stay] + [gpus[i] for i in plan.joining]
         new_slots = [self.slots[r] for r in plan.stay] + [slots[i] for i in plan.joining]
         launch_t = time.time()
         try:
+            joiners = self.transport.take([slots[i] for i in plan.joining])
+            ranks = [self.ranks[r] for r in plan.stay] + joiners
             orders = self.transport.meet(ranks, new_gpus, spec, launch_t)
         except (RanksGone, ValueError) as exc:
             log.warning("no resize in place run_key=%s: newcomers could not start (%s: %s)", spec.run_key,

@@ -34,15 +34,18 @@ class _Actor:
 
 
 class _Pool:
-    """Hands out actors, or fails as Ray does when it cannot even be asked."""
+    """Hands out actors; after `fails_after` of them, fails as Ray does when
+    it cannot even be asked."""
 
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
+    def __init__(self, error: Exception | None = None, fails_after: int = 0) -> None:
+        self.error, self.fails_after = error, fails_after
+        self.made: list[_Actor] = []
 
     def take(self, slot: GpuSlot) -> Any:
-        if self.error is not None:
+        if self.error is not None and len(self.made) >= self.fails_after:
             raise self.error
-        return _Actor()
+        self.made.append(_Actor())
+        return self.made[-1]
 
 
 def _errors() -> list[Any]:
@@ -83,10 +86,12 @@ def test_ranks_ray_cannot_even_create_are_a_crash_too(tmp_path: Path, monkeypatc
     from flows.training.coordinator import ray_ranks
     from flows.training.coordinator.segment_machine import Segment
 
-    monkeypatch.setattr(ray_ranks.ray, "kill", lambda actor, **kwargs: None)
-    slots = [GpuSlot(node="n1", name="node-1", ip="127.0.0.1", index=0)]
-    pool = _Pool(ray.exceptions.RaySystemError("the GCS cannot be reached"))
-    segment = Segment(_spec(tmp_path), [0], ray_ranks.RayActors(pool), slots)  # type: ignore[arg-type]
+    killed: list[Any] = []
+    monkeypatch.setattr(ray_ranks.ray, "kill", lambda actor, **kwargs: killed.append(actor))
+    slots = [GpuSlot(node="n1", name="node-1", ip="127.0.0.1", index=i) for i in range(2)]
+    pool = _Pool(ray.exceptions.RaySystemError("the GCS cannot be reached"), fails_after=1)
+    segment = Segment(_spec(tmp_path), [0, 1], ray_ranks.RayActors(pool), slots)  # type: ignore[arg-type]
     segment.start()
     assert segment.start_error is not None and "RaySystemError" in segment.start_error
+    assert killed == pool.made  # the one made before Ray failed is not left behind
     assert segment.wait().reason == "crashed"

@@ -26,6 +26,8 @@ ray_where.py's.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import socket
 import time
@@ -96,10 +98,15 @@ class RayActors:
         return slots
 
     def take(self, slots: list[GpuSlot]) -> list[RayRank]:
+        taken: list[RayRank] = []
         try:
-            return [RayRank(self.pool.take(slot), slot) for slot in slots]
-        except RANKS_GONE as exc:  # the cluster could not even be asked for them
+            for slot in slots:
+                taken.append(RayRank(self.pool.take(slot), slot))
+        except RANKS_GONE as exc:  # the cluster could not even be asked for them: none is left behind
+            with contextlib.suppress(Exception):
+                self.end(taken, 0.0)
             raise RanksGone(f"ranks could not be created: {type(exc).__name__}: {exc}", died=False) from exc
+        return taken
 
     def meet(self, ranks: list[RayRank], gpus: list[int], spec: SegmentSpec, launch_t: float) -> list[RankOrder]:
         """Each new rank says where it landed (hard affinity makes another

@@ -11,21 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.scenarios import allocations as _allocations
 from tests.service.conftest import Stack
 
 pytestmark = pytest.mark.slow
-
-
-def _allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
-    from sqlmodel import Session, select
-
-    from scheduler_service.store.db import get_engine
-    from scheduler_service.worker.store import AllocationRecord
-
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
-        rows = session.exec(select(AllocationRecord).where(AllocationRecord.flow_run_id == run_id)
-                            .order_by(AllocationRecord.id)).all()
-    return [(r.action, r.gpus) for r in rows]
 
 
 def _iteration(status: Path) -> int:

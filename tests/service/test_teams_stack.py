@@ -4,13 +4,13 @@ gives it back when that team's own run arrives."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.scenarios import ack_gpus, cluster_artifact_data
 from tests.service.conftest import POOL, Stack
 
 pytestmark = pytest.mark.slow
@@ -23,20 +23,6 @@ def _submit(queue: str, in_s: float, **parameters: Any) -> str:
     flow_run = run_deployment("train/mlp", parameters={**parameters, "deadline": deadline}, timeout=0,
                               work_queue_name=queue)
     return str(flow_run.id)  # type: ignore[union-attr]
-
-
-def _cluster_artifact() -> str:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["elasticflow-cluster"])))
-    return str(found[0].data) if found else ""
-
-
-def _ack_gpus(stack: Stack, run_id: str) -> list[int] | None:
-    path = stack.home / "control" / run_id / "ack.json"
-    return json.loads(path.read_text())["gpus"] if path.exists() else None
 
 
 def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_their_deadlines(
@@ -53,7 +39,7 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
     teams.write_text("teams:\n  - name: vision\n    share: 1\n  - name: speech\n    share: 1\n")
     with stack.worker_through(stack.api_url, tmp_path / "worker-teams.log", ELASTICFLOW_TEAMS=str(teams)):
         loose = _submit("speech", 600, iterations=5000, checkpoint_interval=500)
-        stack.wait_until(lambda: _ack_gpus(stack, loose) == [0, 1], 150, "speech's run on both slots")
+        stack.wait_until(lambda: ack_gpus(stack, loose) == [0, 1], 150, "speech's run on both slots")
         # 50 s of work on one slot, due in 40 s: the two slots could (28 s), speech's share of one cannot.
         refused = _submit("speech", 40, iterations=20 * 50)
         refused_run = stack.wait_final(refused, 60)
@@ -62,7 +48,7 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
             refused_run.state.message or "")
         # Vision's run needs its slot now: speech gives it back at the next slot.
         urgent = _submit("vision", 70, iterations=20 * 40, checkpoint_interval=500)
-        stack.wait_until(lambda: _ack_gpus(stack, loose) in ([0], [1]), 60, "speech's run to give the slot back")
+        stack.wait_until(lambda: ack_gpus(stack, loose) in ([0], [1]), 60, "speech's run to give the slot back")
         urgent_run = stack.wait_final(urgent, 180)
         assert urgent_run.state.is_completed(), urgent_run.state
         loose_run = stack.wait_final(loose, 420)
@@ -74,7 +60,7 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
         (decision,) = stack.events(urgent, "elasticflow.decision")
         teams_named = [r for r in decision["related"] if r.get("prefect.resource.role") == "team"]
         assert [r["prefect.resource.name"] for r in teams_named] == ["vision"]  # filterable by team in the UI
-        assert stack.wait_until(lambda: "## Teams" in _cluster_artifact() and "| speech |" in _cluster_artifact(), 30,
+        assert stack.wait_until(lambda: "## Teams" in cluster_artifact_data() and "| speech |" in cluster_artifact_data(), 30,
                                 "the teams in the cluster view")
         stranger = _submit("default", 600, iterations=100)
         stranger_run = stack.wait_final(stranger, 60)

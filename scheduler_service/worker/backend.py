@@ -194,8 +194,12 @@ class LocalProcesses:
         self.flows.close()
 
     def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
-        """Its boot starts the first segment's ranks as standbys, one per GPU."""
-        self.flows.prepare(env, placement, spec.model_copy(update={"standby": len(placement.gpus)}))
+        """Its boot starts the first segment's ranks as standbys, one per GPU,
+        and as many spares: once a segment trains, its runtime keeps that many
+        waiting for a restart (`RunState`'s upcoming GPUs), and a spare forked
+        at boot costs nothing where one started then imports torch beside the
+        training (2-4 s of CPU each)."""
+        self.flows.prepare(env, placement, spec.model_copy(update={"standby": 2 * len(placement.gpus)}))
 
     def infrastructure_id(self, pid: int) -> str:
         return self.flows.infrastructure_id(pid)

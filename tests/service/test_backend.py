@@ -77,7 +77,8 @@ def test_a_placement_reaches_the_flow_process_as_its_launch_spec(ray: RayBackend
     LocalProcesses(warm_start=False).prepare(env, placement, admitted)
     assert set(env) == {"ELASTICFLOW_LAUNCH", "PREFECT_API_URL"}  # the worker's store credentials are not passed on
     local = LaunchSpec.from_env(env)
-    assert local == admitted.model_copy(update={"gpus": [2, 3], "nodes": ["node-a"], "standby": 2})
+    # The first segment's two ranks and two spares for a restart
+    assert local == admitted.model_copy(update={"gpus": [2, 3], "nodes": ["node-a"], "standby": 4})
     assert local.parameters() == {"deadline": admitted.deadline}  # placement and standbys are not parameters
     env = {}
     ray.prepare(env, placement, admitted)

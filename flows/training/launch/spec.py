@@ -35,7 +35,8 @@ class LaunchSpec(BaseModel):
                                    "says so too, and says where it goes next)")
     nodes: list[str] | None = Field(default=None, description="the names of those GPUs' nodes")
     standby: int = Field(default=0, ge=0, description="rank processes its boot starts on this machine before "
-                         "Prefect's engine, so that their imports overlap the engine's: the first segment's; "
+                         "Prefect's engine, so that their imports overlap the engine's (or, forked, cost "
+                         "nothing): the first segment's and the spares its runtime keeps for a restart; "
                          "0 when the ranks run elsewhere (Ray actors on the nodes)")
     ray_address: str | None = Field(default=None, description="the Ray cluster whose nodes run its ranks")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 # One real Prefect server (and stack) per test process, for every folder: tests/stack.py.
-from tests.stack import prefect_api, stack  # noqa: F401
+from tests.stack import SHARED, USERS, prefect_api, stack  # noqa: F401
 # One real Ray cluster per test process, for the tests of either transport: tests/ray_cluster.py.
 from tests.ray_cluster import ray_address, ray_cluster  # noqa: F401
 
@@ -41,3 +41,22 @@ def _events_follow_the_current_server() -> Iterator[None]:
     if events is not None:
         events.EventsWorker.drain_all()
     yield
+
+
+# The session's server and stack run during the tests that use them and are
+# stopped between (tests/stack.py, `Shared`): woken before any fixture of the
+# test is set up (a session fixture built on them talks to the server as it is
+# made), stopped once its teardown is done.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if USERS & set(getattr(item, "fixturenames", ())):
+        SHARED.wake()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        if USERS & set(getattr(item, "fixturenames", ())):
+            SHARED.sleep()

@@ -119,21 +119,22 @@ class Stack:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.log_tail()}") from None
 
-    def wait_idle(self, timeout_s: float = 180.0) -> None:
-        """Until no run holds or awaits GPUs (the store says so): a test whose
-        run must get every slot, and so train at the speed it assumes, starts
-        after the tests before it are done with theirs."""
+    def idle(self) -> bool:
+        """No run holds or awaits GPUs (the store says so)."""
         import sqlite3
 
-        def idle() -> bool:
-            try:
-                with sqlite3.connect(self.home / "elasticflow.db") as db:
-                    busy = db.execute("select count(*) from ef_job where status in ('admitted', 'running')")
-                    return busy.fetchone()[0] == 0
-            except sqlite3.Error:
-                return True  # no store yet: nothing has run
+        try:
+            with sqlite3.connect(self.home / "elasticflow.db") as db:
+                busy = db.execute("select count(*) from ef_job where status in ('admitted', 'running')")
+                return busy.fetchone()[0] == 0
+        except sqlite3.Error:
+            return True  # no store yet: nothing has run
 
-        self.wait_until(idle, timeout_s, "the cluster to be idle")
+    def wait_idle(self, timeout_s: float = 180.0) -> None:
+        """Until the cluster is idle: a test whose run must get every slot, and
+        so train at the speed it assumes, starts after the tests before it are
+        done with theirs."""
+        self.wait_until(self.idle, timeout_s, "the cluster to be idle")
 
     def events(self, run_id: str, prefix: str = "elasticflow.", timeout_s: float = 20.0) -> list[dict[str, Any]]:
         """Events about a run, waiting for the first (the server ingests them asynchronously)."""
@@ -264,8 +265,55 @@ def state_names(run_id: str) -> list[str]:
     return [state.name for state in flow_run_states(run_id)]
 
 
+class Shared:
+    """The session's server and stack, stopped (SIGSTOP to their process
+    groups) between the tests that use them. Idle, a server and its worker
+    still poll each other: a fifth of a core per test process, a sixth of the
+    suite's CPU over a session. Stopped they cost nothing, and come back
+    (SIGCONT) where they were. Only while no run holds or awaits GPUs: a run
+    left training is never frozen under its flow process."""
+
+    def __init__(self) -> None:
+        self._processes: list[Callable[[], subprocess.Popen[bytes] | None]] = []
+        self._busy: list[Callable[[], bool]] = []
+        self._stopped: list[Any] = []  # the groups stopped (groups.Group), until woken
+
+    def add(self, process: Callable[[], subprocess.Popen[bytes] | None], busy: Callable[[], bool] | None = None
+            ) -> None:
+        """A process to stop between tests (read at each stop: a test may replace it)."""
+        self._processes.append(process)
+        if busy is not None:
+            self._busy.append(busy)
+
+    def wake(self) -> None:
+        stopped, self._stopped = self._stopped, []
+        for group in stopped:
+            group.signal(signal.SIGCONT)
+
+    def sleep(self) -> None:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        from scheduler_service.stack.groups import Group, start_time
+
+        if self._stopped or any(busy() for busy in self._busy):
+            return
+        APILogWorker.drain_all()  # what this process still has to send, sent while the server listens
+        EventsWorker.drain_all()
+        for process in (of() for of in self._processes):
+            if process is not None and process.poll() is None:
+                group = Group(process.pid, start_time(process.pid) or 0, "shared stack")
+                if group.signal(signal.SIGSTOP):
+                    self._stopped.append(group)
+
+
+SHARED = Shared()
+USERS = {"prefect_api", "stack"}  # the fixtures of the shared server and stack
+
+
 @contextmanager
-def prefect_server(base: Path, *, ui: bool = False, timeout_s: float = 240.0) -> Iterator[str]:
+def prefect_server(base: Path, *, ui: bool = False, timeout_s: float = 240.0,
+                   started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> Iterator[str]:
     """`prefect server start` on a free port of 127.0.0.1 with its own
     PREFECT_HOME under `base`; until the block ends this process (its settings
     and its environment, so workers and flow processes it starts) talks to it.
@@ -302,6 +350,8 @@ def prefect_server(base: Path, *, ui: bool = False, timeout_s: float = 240.0) ->
         env={**os.environ, **env}, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=base,
         start_new_session=True,
     )
+    if started is not None:
+        started(server)
     try:
         try:
             wait_healthy(api_url, server, timeout_s)
@@ -357,13 +407,23 @@ def running_stack(base: Path, *, ui: bool = False) -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Prefect server alone, for tests that run flows in this process."""
-    with prefect_server(tmp_path_factory.mktemp("prefect")) as api_url:
-        yield api_url
+    """A Prefect server alone, for tests that run flows in this process
+    (stopped between them: `Shared`)."""
+    with prefect_server(tmp_path_factory.mktemp("prefect"), started=lambda server: SHARED.add(lambda: server)) \
+            as api_url:
+        try:
+            yield api_url
+        finally:
+            SHARED.wake()
 
 
 @pytest.fixture(scope="session")
 def stack(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The pool, `train/mlp` and a worker on the session's server."""
+    """The pool, `train/mlp` and a worker on the session's server (stopped
+    between the tests that use it: `Shared`)."""
     with stack_on(prefect_api, tmp_path_factory.mktemp("service")) as stack:
-        yield stack
+        SHARED.add(lambda: stack.worker, busy=lambda: not stack.idle())
+        try:
+            yield stack
+        finally:
+            SHARED.wake()

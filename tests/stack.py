@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from scheduler_service.stack.groups import Group, start_time
 from scheduler_service.stack.local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ class Stack:
     home: Path
     worker: subprocess.Popen[bytes]
     worker_log: Path
-    killed_groups: list[Any] = field(default_factory=list)  # of killed workers (groups.Group): what may live on
+    killed_groups: list[Group] = field(default_factory=list)  # of killed workers: what may live on
 
     def start_worker(self, log: Path, api_url: str | None = None, **env: str | None) -> None:
         """`prefect worker start` on the pool, through `api_url` if given (a
@@ -78,8 +79,6 @@ class Stack:
 
     def kill_worker(self) -> None:
         """SIGKILL the worker process alone, as a crash would; its flow runs go on."""
-        from scheduler_service.stack.groups import Group, start_time
-
         self.killed_groups.append(Group(self.worker.pid, start_time(self.worker.pid) or 0, "killed worker"))
         self.worker.kill()
         self.worker.wait(timeout=10)
@@ -276,7 +275,7 @@ class Shared:
     def __init__(self) -> None:
         self._processes: list[Callable[[], subprocess.Popen[bytes] | None]] = []
         self._busy: list[Callable[[], bool]] = []
-        self._stopped: list[Any] = []  # the groups stopped (groups.Group), until woken
+        self._stopped: list[Group] = []  # until woken
 
     def add(self, process: Callable[[], subprocess.Popen[bytes] | None], busy: Callable[[], bool] | None = None
             ) -> None:
@@ -293,8 +292,6 @@ class Shared:
     def sleep(self) -> None:
         from prefect.events.worker import EventsWorker
         from prefect.logging.handlers import APILogWorker
-
-        from scheduler_service.stack.groups import Group, start_time
 
         if self._stopped or any(busy() for busy in self._busy):
             return

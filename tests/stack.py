@@ -5,8 +5,9 @@ by `prefect worker start` as a separate process, as a user would run them.
 
 Fixtures, registered in tests/conftest.py: `prefect_api` (the server, for
 tests that only need one) and `stack` (the pool, deployment and worker on that
-same server), one of each per xdist worker. The UI test starts its own server with
-the UI on, through the same `prefect_server`.
+same server), one of each per xdist worker, stopped between the tests that use
+them (`Shared`). The UI test starts its own server with the UI on, through the
+same `prefect_server`.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
     ids: list[str] = []
     offsets: list[float] = []
     aimed: list[tuple[float, float]] = []  # each stop's planned offset from its target's completion, and measured
-    iterations = 1000  # the shortest run's: ~15 s of training beside the others on two busy cores
+    iterations = 1500  # the shortest run's: ~8 s of training beside the others on two quiet cores, ~20 s busy
     paused: dict[str, int] = {}  # runs a stop caught mid-training, with the checkpoint it left
     resumed = 0  # how many of those were seen going on from it
     up = start()
@@ -237,9 +237,12 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
                     if now - watching >= 1.5 and (any(v < float("inf") for v in left.values()) or now - watching > 60):
                         break
                 assert left, f"every run of the batch completed before a stop was aimed: offsets {offsets}"
-                target = min(left, key=left.__getitem__)  # the next to complete: a short projection is sharp
-                assert left[target] < 120, f"no run near its end: {left}"
                 shift = SHIFTS_S[stop]
+                # The next to complete (a short projection is sharp), of those with more left than the aim
+                # before its completion: on a quiet machine the first may be closer than that by now.
+                room = {r: v for r, v in left.items() if v > -shift + 0.5} or left
+                target = min(room, key=room.__getitem__)
+                assert left[target] < 120, f"no run near its end: {left}"
                 while not (shift < 0 and watch.left_s(target, time.time()) <= -shift
                            or target in watch.completed and time.time() >= watch.completed[target] + shift):
                     time.sleep(0.02)

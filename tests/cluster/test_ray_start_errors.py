@@ -18,6 +18,9 @@ from flows.training.params import Hyperparameters
 from flows.training.segment import SegmentSpec
 
 
+SLOTS = [GpuSlot(node="n1", name="node-1", ip="127.0.0.1", index=i) for i in range(2)]  # two ranks on one node
+
+
 def _spec(tmp_path: Path) -> SegmentSpec:
     return SegmentSpec(run_key="start-errors", model="mlp", dataset=DatasetSpec(name="synthetic-vectors"),
                        hyperparameters=Hyperparameters(global_batch_size=8), total_iterations=10, stop_at=10,
@@ -71,8 +74,7 @@ def test_any_error_of_rays_at_a_start_is_a_crash_to_restart_from(
 
     monkeypatch.setattr(ray_ranks.ray, "get", ray_says)
     monkeypatch.setattr(ray_ranks.ray, "kill", lambda actor, **kwargs: None)  # the ranks here are stand-ins
-    slots = [GpuSlot(node="n1", name="node-1", ip="127.0.0.1", index=i) for i in range(2)]
-    segment = Segment(_spec(tmp_path), [0, 1], ray_ranks.RayActors(_Pool()), slots)  # type: ignore[arg-type]
+    segment = Segment(_spec(tmp_path), [0, 1], ray_ranks.RayActors(_Pool()), SLOTS)  # type: ignore[arg-type]
     segment.start()  # raised `error` before: the flow failed with it
     assert segment.start_error is not None and type(error).__name__ in segment.start_error
     assert segment.died is died  # dead ranks: the run waits for Ray's word on their nodes
@@ -88,9 +90,8 @@ def test_ranks_ray_cannot_even_create_are_a_crash_too(tmp_path: Path, monkeypatc
 
     killed: list[Any] = []
     monkeypatch.setattr(ray_ranks.ray, "kill", lambda actor, **kwargs: killed.append(actor))
-    slots = [GpuSlot(node="n1", name="node-1", ip="127.0.0.1", index=i) for i in range(2)]
     pool = _Pool(ray.exceptions.RaySystemError("the GCS cannot be reached"), fails_after=1)
-    segment = Segment(_spec(tmp_path), [0, 1], ray_ranks.RayActors(pool), slots)  # type: ignore[arg-type]
+    segment = Segment(_spec(tmp_path), [0, 1], ray_ranks.RayActors(pool), SLOTS)  # type: ignore[arg-type]
     segment.start()
     assert segment.start_error is not None and "RaySystemError" in segment.start_error
     assert killed == pool.made  # the one made before Ray failed is not left behind

@@ -25,6 +25,11 @@ def _submit(queue: str, in_s: float, **parameters: Any) -> str:
     return str(flow_run.id)  # type: ignore[union-attr]
 
 
+def _teams_shown() -> bool:
+    view = cluster_artifact_data()
+    return "## Teams" in view and "| speech |" in view
+
+
 def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_their_deadlines(
         stack: Stack, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
@@ -60,8 +65,7 @@ def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_thei
         (decision,) = stack.events(urgent, "elasticflow.decision")
         teams_named = [r for r in decision["related"] if r.get("prefect.resource.role") == "team"]
         assert [r["prefect.resource.name"] for r in teams_named] == ["vision"]  # filterable by team in the UI
-        assert stack.wait_until(lambda: "## Teams" in cluster_artifact_data() and "| speech |" in cluster_artifact_data(), 30,
-                                "the teams in the cluster view")
+        assert stack.wait_until(_teams_shown, 30, "the teams in the cluster view")
         stranger = _submit("default", 600, iterations=100)
         stranger_run = stack.wait_final(stranger, 60)
         assert stranger_run.state.name == "Rejected" and "unknown_team" in (stranger_run.state.message or "")

@@ -27,7 +27,6 @@ ray_where.py's.
 from __future__ import annotations
 
 import contextlib
-
 import logging
 import socket
 import time

@@ -57,6 +57,8 @@ def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_plac
     # on this CPU than profiled: the first's ~20 s are the window in which the others are seen waiting.)
     urgent = stack.submit(iterations=4 * 36 * 32, deadline="+150s", checkpoint_interval=5000)
     first = stack.submit(iterations=4 * 36 * 32, checkpoint_interval=500)
+    # Runs that arrive together are ordered by id: the two that must wait come once the first is seen.
+    stack.wait_until(lambda: _allocations(stack, first) or "Waiting" in _state_names(first), 60, f"{first} seen")
     patient = stack.submit(iterations=50, checkpoint_interval=500)
     dropped = stack.submit(iterations=50, checkpoint_interval=500)
 

@@ -3,10 +3,12 @@ ELASTICFLOW_HOME, checkpoint folder and control folder, so runs never share stat
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -21,6 +23,32 @@ def one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fork server for this test process, as the worker runs one: the ranks
+    of in-process runs are forked from it (`standby.served`) rather than
+    started cold, each of which spent ~3 s of CPU importing torch. Tests of
+    the cold start unset `ELASTICFLOW_FORKSERVER`."""
+    from flows.training.launch.forkserver import launch
+    from flows.training.launch.standby import FORKSERVER_ENV, POOL
+
+    process, path = launch(tmp_path_factory.mktemp("forkserver"))
+    deadline = time.time() + 120
+    while not path.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"the fork server did not start (exit {process.poll()})"
+    os.environ[FORKSERVER_ENV] = str(path)
+    yield path
+    os.environ.pop(FORKSERVER_ENV, None)
+    POOL.close()  # the server waits for every standby it forked to end (a failed test's too: then killed)
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(autouse=True)

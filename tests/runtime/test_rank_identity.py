@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from flows.training.launch.identity import RANK_USER_ENV, check_user, claim_group, gid_range, unreachable
+from flows.training.launch.standby import FORKSERVER_ENV
 from flows.training.coordinator.runtime import run_training
 from tests.runtime.conftest import small_mlp
 
@@ -78,6 +79,9 @@ def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     extra = _readable_stdlib(folder)
     if extra:
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [*extra, os.environ.get("PYTHONPATH")])))
+        # Ranks started cold, then: one forked from the fork server goes on importing the standard
+        # library from where that server's interpreter found it (a package's submodules follow it).
+        monkeypatch.delenv(FORKSERVER_ENV, raising=False)
     try:
         yield folder
     finally:

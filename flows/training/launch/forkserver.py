@@ -28,6 +28,15 @@ process is SIGKILLed, as that kill would have done to a cold one (by the
 server, and by the flow process itself, which watches the client's PID): its
 DDP workers notice and checkpoint.
 
+A standby rank is asked for the same way (`"role": "standby"`, with its
+stdin and its early log attached): a launcher that has started threads can
+no longer fork its own (a flow process refilling its restart spares, a
+profile, a test's runtime), and a cold standby spends ~3 s of CPU importing
+torch beside the training. The server forks it in a session of its own,
+recorded as the stack's; it watches its launcher's pidfd, not its parent,
+and is left alone when its client goes (its stdin closes, or it notices at
+its next boundary and checkpoints).
+
 Fork safety: the server is single-threaded (checked after its imports) and
 never touches CUDA, so a forked child may still choose its devices.
 """
@@ -51,7 +60,7 @@ from pathlib import Path
 
 from flows.training.launch.boot import PRIVATE_UMASK, record_group
 from flows.training.launch.spec import standby_of
-from flows.training.launch.standby import is_secret, with_repo_on_path
+from flows.training.launch.standby import is_secret, rank_env, take_environment, with_repo_on_path
 
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
 RELAYED = {signal.SIGTERM, signal.SIGINT}  # the server handles them, and a client relays them to its flow process
@@ -92,6 +101,22 @@ class ForkJob:
         return boot.run_engine(fork_standbys=True, client_pid=self.client_pid)
 
 
+@dataclass
+class StandbyJob:
+    """What a forked child runs: a standby rank for a client's `WorkerPool`."""
+
+    env: dict[str, str]
+    client_pid: int
+    early_log: str | None
+
+    def run(self) -> int:
+        take_environment(rank_env(self.env))  # whatever the client sent, nothing a rank may not see
+        from flows.training.rank import rank_main
+
+        rank_main.run_standby(self.early_log, launcher_pid=self.client_pid)  # never returns
+        return 1
+
+
 class ForkServer:
     """Accepts clients, forks flow processes, reports their exit codes."""
 
@@ -99,9 +124,10 @@ class ForkServer:
         self.path, self.parent_pid = path, parent_pid
         self.settings = settings_of(dict(os.environ))
         self.children: dict[int, socket.socket | None] = {}  # pid -> client connection (None: client gone)
+        self.standbys: set[int] = set()  # children that are standby ranks, not flow processes
         self.accepting = True
 
-    def serve(self) -> ForkJob | None:
+    def serve(self) -> ForkJob | StandbyJob | None:
         """Serve until told to stop and every flow process has exited (None), or
         return the job to run in a freshly forked child."""
         sel = selectors.DefaultSelector()
@@ -137,7 +163,7 @@ class ForkServer:
             self._reap(sel)
         return None
 
-    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> ForkJob | None:
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> ForkJob | StandbyJob | None:
         try:
             conn, _ = listener.accept()
         except OSError as exc:  # out of fds, say: this client times out and starts cold, others still come
@@ -156,16 +182,21 @@ class ForkServer:
             request = json.loads(data)
             env, cwd, argv = dict(request["env"]), str(request["cwd"]), [str(a) for a in request.get("argv", [])]
             client_pid = int(request["client_pid"]) if request.get("client_pid") else None
-            if len(fds) != 3:
-                raise ValueError(f"expected stdin, stdout and stderr, got {len(fds)} fds")
+            standby = request.get("role", "flow") == "standby"
+            early_log = str(request["early_log"]) if request.get("early_log") else None
+            if standby and client_pid is None:
+                raise ValueError("a standby needs its launcher's client_pid")
+            if len(fds) != (2 if standby else 3):
+                raise ValueError(f"expected {'stdin and a log' if standby else 'stdin, stdout and stderr'}, "
+                                 f"got {len(fds)} fds")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self._answer(conn, {"refused": f"bad request: {exc}"})
             for fd in fds:
                 os.close(fd)
             conn.close()
             return None
-        changed = sorted(k for k in self.settings.keys() | settings_of(env).keys()
-                         if self.settings.get(k) != env.get(k))
+        changed = [] if standby else sorted(k for k in self.settings.keys() | settings_of(env).keys()
+                                            if self.settings.get(k) != env.get(k))  # a rank reads none
         if changed:
             self._answer(conn, {"refused": f"Prefect settings differ from the fork server's: {', '.join(changed)}"})
             for fd in fds:
@@ -201,20 +232,31 @@ class ForkServer:
                 if other is not None:
                     other.close()
             os.setsid()
-            record_group(env.get("ELASTICFLOW_HOME"), os.getpid(), f"flow run {env.get('PREFECT__FLOW_RUN_ID', '?')}")
-            for target, fd in zip((0, 1, 2), fds):
+            what = f"standby rank of pid {client_pid}" if standby else \
+                f"flow run {env.get('PREFECT__FLOW_RUN_ID', '?')}"
+            record_group(env.get("ELASTICFLOW_HOME"), os.getpid(), what)
+            for target, fd in zip((0, 1, 2), fds + fds[1:] if standby else fds):  # a standby's log is both
                 os.dup2(fd, target)
+            for fd in set(fds):
                 os.close(fd)
+            if standby:
+                assert client_pid is not None
+                return StandbyJob(env, client_pid, early_log)
             return ForkJob(env, cwd, argv, client_pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
         for fd in fds:
             os.close(fd)
         conn.settimeout(None)
         self.children[pid] = conn
+        if standby:
+            self.standbys.add(pid)
         sel.register(conn, selectors.EVENT_READ, pid)
         self._answer(conn, {"pid": pid})
-        print(f"forked flow process pid={pid} flow_run={env.get('PREFECT__FLOW_RUN_ID', '?')} "
-              f"standby={standby_of(env)}", flush=True)
+        if standby:
+            print(f"forked standby rank pid={pid} for pid={client_pid}", flush=True)
+        else:
+            print(f"forked flow process pid={pid} flow_run={env.get('PREFECT__FLOW_RUN_ID', '?')} "
+                  f"standby={standby_of(env)}", flush=True)
         return None
 
     @staticmethod
@@ -240,6 +282,8 @@ class ForkServer:
             sel.unregister(conn)
             conn.close()
             self.children[pid] = None
+            if pid in self.standbys:
+                return  # a standby rank sees its launcher gone itself, and checkpoints if it trains
             try:
                 os.kill(pid, signal.SIGKILL)  # what Prefect's hard kill did to a cold flow process
             except ProcessLookupError:
@@ -256,7 +300,10 @@ class ForkServer:
                 return
             conn = self.children.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
-            print(f"flow process pid={pid} exited with {code}", flush=True)
+            if pid in self.standbys:
+                self.standbys.discard(pid)
+            else:
+                print(f"flow process pid={pid} exited with {code}", flush=True)
             if conn is not None:
                 sel.unregister(conn)
                 self._answer(conn, {"exit": code})
@@ -328,7 +375,7 @@ def main(argv: list[str]) -> int:
     if job is None:  # stopped: nothing to tear down that is worth the second it takes with torch loaded
         sys.stdout.flush()
         os._exit(0)
-    try:  # the forked flow process, from here on
+    try:  # the forked flow process (or standby rank), from here on
         return job.run()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -3,14 +3,20 @@ processes that have imported torch and wait on stdin for a segment.
 
 Standard library only, so that a flow process can start its standbys before it
 imports anything heavy (see `flows.training.launch.boot`). `flows.training.coordinator.launcher`
-hands them to segments; missing standbys are started on demand.
+hands them to segments; missing standbys are started on demand: asked of
+the fork server where there is one (instant, and none of the ~3 s of CPU
+a fresh interpreter spends importing torch beside the training), else as
+fresh interpreters.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,24 +71,42 @@ def rank_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if allowed(k)}
 
 
-class ForkedWorker:
-    """A standby forked from this process (see `WorkerPool.fork`), with the part
-    of `subprocess.Popen`'s interface the launcher uses."""
+FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # as flows.training.launch.boot names it
+WARM_ENV = "ELASTICFLOW_WARM_START"
+SERVED_ANSWER_S = 10.0  # a server that takes longer to fork a standby is stuck: start one cold
+
+
+def take_environment(env: dict[str, str]) -> None:
+    """Make `env` this forked process's whole environment, as a fresh
+    interpreter started with it would have it: `os.environ` and the C
+    library's; its PYTHONPATH entries first on `sys.path`; and the block the
+    kernel shows as /proc/<pid>/environ, which a fork keeps from the process
+    that was exec'd (the fork server's: Prefect's settings, the worker's
+    variables) and a rank's code could read, zeroed."""
+    import ctypes
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5) fields 50, 51)
+    except (OSError, IndexError, ValueError):
+        return
+    if 0 < start < end:  # os.environ and the C library's now hold copies elsewhere
+        ctypes.memset(start, 0, end - start)
+
+
+class _Handle:
+    """A standby this process did not `Popen`, with the part of
+    `subprocess.Popen`'s interface the launcher uses (`poll` is each kind's)."""
 
     def __init__(self, pid: int, stdin: IO[bytes]) -> None:
         self.pid, self.stdin = pid, stdin
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
-                self.returncode = -signal.SIGKILL
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        raise NotImplementedError
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.time() + timeout
@@ -103,7 +127,114 @@ class ForkedWorker:
         self.send_signal(signal.SIGKILL)
 
 
-Worker = Union[subprocess.Popen[bytes], ForkedWorker]
+class ForkedWorker(_Handle):
+    """A standby forked from this process (see `WorkerPool.fork`)."""
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+class ServedWorker(_Handle):
+    """A standby the fork server forked for this process: not our child, so
+    its exit code comes over the request's connection (the server reaps it),
+    and signals go through a pidfd, which no reused PID can pass for."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], conn: socket.socket, standby_log: str) -> None:
+        super().__init__(pid, stdin)
+        self.standby_log = standby_log
+        self._conn, self._said = conn, b""
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:  # gone already: its exit is on the connection
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            data = self._conn.recv(1 << 10, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        self.heard(data)
+        if b"\n" in self._said:
+            self.returncode = int(json.loads(self._said.split(b"\n", 1)[0])["exit"])
+        elif not data and self._ended():  # the server went first: how it ended is unknown
+            self.returncode = -signal.SIGKILL
+        if self.returncode is not None:
+            self._close()
+        return self.returncode
+
+    def heard(self, data: bytes) -> None:
+        """What the server said on the connection (its exit report, once the standby is gone)."""
+        self._said += data
+
+    def _ended(self) -> bool:
+        return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None and self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            except ProcessLookupError:
+                pass
+
+    def _close(self) -> None:
+        self._conn.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def served(env: dict[str, str], log_fd: int, log: str) -> ServedWorker | None:
+    """A standby forked by this process's fork server (`ELASTICFLOW_FORKSERVER`)
+    with `env` (the allow-list's), writing to `log` (`log_fd`); None where
+    there is no server or it does not answer."""
+    path = os.environ.get(FORKSERVER_ENV)
+    if not path or os.environ.get(WARM_ENV, "1") == "0":
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    read, write = os.pipe()
+    said = b""
+    try:
+        conn.settimeout(SERVED_ANSWER_S)
+        conn.connect(path)
+        request = json.dumps({"role": "standby", "env": env, "cwd": REPO_ROOT, "client_pid": os.getpid(),
+                              "early_log": log}).encode() + b"\n"
+        sent = socket.send_fds(conn, [request[: 1 << 15]], [read, log_fd])
+        if sent < len(request):
+            conn.sendall(request[sent:])
+        while b"\n" not in said:  # byte for byte the server's: its exit report may follow at once
+            more = conn.recv(1 << 10)
+            if not more:
+                break
+            said += more
+        line, _, said = said.partition(b"\n")
+        answer = json.loads(line or b"{}")
+    except (OSError, ValueError):
+        answer = {}
+    finally:
+        os.close(read)
+    if "pid" not in answer:
+        conn.close()
+        os.close(write)
+        return None
+    conn.settimeout(None)
+    worker = ServedWorker(int(answer["pid"]), os.fdopen(write, "wb"), conn, log)
+    worker.heard(said)
+    return worker
+
+
+Worker = Union[subprocess.Popen[bytes], ForkedWorker, ServedWorker]
 EARLY_LOG_PREFIX = "elasticflow-standby-"
 
 
@@ -139,7 +270,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._swept = False
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> Worker:
         if not self._swept:  # what flow processes killed before they could clean up left
             self._swept = True
             sweep_early_logs()
@@ -150,6 +281,9 @@ class WorkerPool:
         # removed by the standby itself once handed a segment or told to go.
         fd, log = tempfile.mkstemp(prefix=f"{EARLY_LOG_PREFIX}{os.getpid()}-", suffix=".log")
         try:
+            warm = served(env, fd, log)
+            if warm is not None:
+                return warm
             proc = subprocess.Popen(
                 [sys.executable, "-m", "flows.training.rank.rank_main", "--standby", log],
                 env=env,
@@ -205,9 +339,7 @@ class WorkerPool:
                         os.dup2(devnull, 1)
                         os.dup2(devnull, 2)
                         os.close(devnull)
-                        allowed = rank_env(dict(os.environ))  # what a spawned standby would have had
-                        os.environ.clear()
-                        os.environ.update(allowed)
+                        take_environment(rank_env(dict(os.environ)))  # what a spawned standby would have had
                         rank_main.run_standby()
                     finally:
                         os._exit(1)  # never back into the flow process's code

@@ -76,10 +76,12 @@ def standby(flags: StopFlags, early_log: str | None = None) -> int:
     return main(order, flags)
 
 
-def run_standby(early_log: str | None = None) -> None:
+def run_standby(early_log: str | None = None, launcher_pid: int | None = None) -> None:
     """Be a standby until handed a segment, run it, exit. Its launcher (the
-    flow process that started or forked it) is its parent now."""
-    _exit(standby(StopFlags.of_this_process(), early_log))
+    flow process that started or forked it) is its parent now, or is
+    `launcher_pid` (the fork server forked it for that process)."""
+    flags = StopFlags.of_this_process() if launcher_pid is None else StopFlags.watching(launcher_pid)
+    _exit(standby(flags, early_log))
 
 
 def _exit(code: int) -> NoReturn:

@@ -18,7 +18,8 @@ import ray  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from flows.training.control import GpuSlot  # noqa: E402
-from flows.training.rank.ray_actor import RankActor, await_exit  # noqa: E402
+from flows.training.rank.node_tasks import await_exit  # noqa: E402
+from flows.training.rank.ray_actor import RankActor  # noqa: E402
 from flows.training.launch.standby import rank_env  # noqa: E402
 
 log = logging.getLogger("elasticflow.ray")

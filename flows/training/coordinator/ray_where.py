@@ -15,7 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 
 from flows.training.control import GpuSlot  # noqa: E402
 from flows.training.orders import Seat  # noqa: E402
-from flows.training.rank.ray_actor import node_id_here  # noqa: E402
+from flows.training.rank.node_tasks import node_id_here  # noqa: E402
 
 
 def live_nodes() -> list[dict[str, Any]]:

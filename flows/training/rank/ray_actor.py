@@ -1,6 +1,6 @@
-"""What runs on the Ray nodes: a rank actor, and the small tasks the
-coordinating flow process pins on a node (is it up, are a segment's
-processes gone). See `flows.training.coordinator.ray_ranks` for the coordinator's side.
+"""What runs on the Ray nodes: a rank actor (the small tasks the
+coordinating flow process pins on a node are `node_tasks`). See
+`flows.training.coordinator.ray_ranks` for the coordinator's side.
 
 A rank actor is one DDP rank for one segment: it says where it landed, then
 trains with the same `Worker` a local rank process uses, from a folder of
@@ -16,7 +16,6 @@ import os
 import socket
 import struct
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -137,25 +136,3 @@ class RankActor:
     def log_tail(self, chars: int = 2000) -> str:
         path = self.dir / "rank.log" if self.dir else None
         return path.read_text(errors="replace")[-chars:] if path and path.exists() else ""
-
-
-@ray.remote(num_cpus=0)
-def await_exit(pids: list[int], timeout_s: float) -> list[int]:
-    """On the ranks' node: wait for their processes to be gone; those still there."""
-    def there(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as fh:
-                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    give_up = time.monotonic() + timeout_s
-    while any(there(p) for p in pids) and time.monotonic() < give_up:
-        time.sleep(0.02)
-    return [p for p in pids if there(p)]
-
-
-@ray.remote(num_cpus=0)
-def node_id_here() -> str:
-    return ray.get_runtime_context().get_node_id()

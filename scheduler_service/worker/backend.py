@@ -103,13 +103,22 @@ class FlowProcesses:
 
         if not self.warm_start:
             return
+        from flows.training.launch.boot import FORKSERVER_ENV
+
         process, path = launch(home)
         self._forkserver = process, path
+        # The worker's own ranks (a model's profile) are forked there too: started cold, each of the
+        # three of a 2-GPU profile spent ~3 s of CPU importing torch before the profile could start.
+        os.environ[FORKSERVER_ENV] = str(path)
         log.info("warm start: fork server pid %d at %s (log %s)", process.pid, path, home / "logs" / "forkserver.log")
 
     def close(self) -> None:
+        from flows.training.launch.boot import FORKSERVER_ENV
+
         if self._forkserver is not None:  # it stops taking runs; the running ones keep their relay
             self._forkserver[0].terminate()
+            if os.environ.get(FORKSERVER_ENV) == str(self._forkserver[1]):
+                del os.environ[FORKSERVER_ENV]
 
     def prepare(self, env: dict[str, str], placement: RankPlacement, spec: LaunchSpec) -> None:
         """The flow process's environment: the launch, with the placement; no
@@ -122,6 +131,7 @@ class FlowProcesses:
         for name in [n for n in env if is_secret(n) and not n.startswith("PREFECT_")]:
             del env[name]
         env.update(spec.model_copy(update={"gpus": list(placement.gpus), "nodes": list(placement.nodes)}).to_env())
+        env.pop(FORKSERVER_ENV, None)  # the worker's own (its profiles'): a run is told below, or starts cold
         if self._forkserver is None:
             return
         # A forked process keeps what its interpreter read at start (sys.path,

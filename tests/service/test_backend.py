@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -85,6 +86,38 @@ def test_a_placement_reaches_the_flow_process_as_its_launch_spec(ray: RayBackend
     on_ray = LaunchSpec.from_env(env)
     assert on_ray == local.model_copy(update={"standby": 0, "ray_address": "10.0.0.1:6379"})  # no rank here
     assert on_ray.parameters() == {"deadline": admitted.deadline, "ray_address": "10.0.0.1:6379"}
+
+
+def test_the_workers_own_ranks_are_forked_by_its_fork_server_and_a_run_starting_cold_is_not_sent_there(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile's ranks run in the worker's process tree: asked of its fork
+    server, as a warm run's are, instead of three cold interpreters."""
+    from flows.training.launch.boot import FORKSERVER_ENV
+    from flows.training.launch.standby import ServedWorker, WorkerPool
+
+    monkeypatch.delenv(FORKSERVER_ENV, raising=False)
+    backend = LocalProcesses()
+    backend.open(tmp_path)
+    pool = WorkerPool()
+    try:
+        path = os.environ[FORKSERVER_ENV]
+        deadline = time.time() + 120  # the server imports torch first
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.05)
+        (rank,) = pool.take(1)
+        assert isinstance(rank, ServedWorker)
+        rank.kill()
+        placement, spec = RankPlacement("r", (0,), ("node-a",)), LaunchSpec(admitted=False)
+        warm = dict(os.environ)
+        backend.prepare(warm, placement, spec)
+        assert warm[FORKSERVER_ENV] == path
+        cold = {**os.environ, "OMP_NUM_THREADS": "7"}  # a job variable a forked process could not honour
+        backend.prepare(cold, placement, spec)
+        assert FORKSERVER_ENV not in cold
+    finally:
+        pool.close()
+        backend.close()
+    assert FORKSERVER_ENV not in os.environ
 
 
 def test_backends_compose_the_flow_process_instead_of_subclassing_each_other() -> None:

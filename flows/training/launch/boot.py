@@ -46,9 +46,8 @@ import time
 from pathlib import Path
 
 from flows.training.launch.pause import stack_stopping
+from flows.training.launch.standby import FORKSERVER_ENV, WARM_ENV  # standard library only, as this module
 
-FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # same names as flows.training.launch.forkserver, which imports torch
-WARM_ENV = "ELASTICFLOW_WARM_START"
 ANSWER_TIMEOUT_S = 60.0
 API_WAIT_S = 600.0  # how long a flow process waits for its Prefect server to listen before the engine starts
 API_WAIT_ENV = "ELASTICFLOW_API_WAIT_S"

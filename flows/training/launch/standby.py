@@ -71,8 +71,8 @@ def rank_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if allowed(k)}
 
 
-FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # as flows.training.launch.boot names it
-WARM_ENV = "ELASTICFLOW_WARM_START"
+FORKSERVER_ENV = "ELASTICFLOW_FORKSERVER"  # where the fork server listens (flows.training.launch.forkserver)
+WARM_ENV = "ELASTICFLOW_WARM_START"  # "0": start flow processes and their ranks cold
 SERVED_ANSWER_S = 10.0  # a server that takes longer to fork a standby is stuck: start one cold
 
 
@@ -159,13 +159,15 @@ class ServedWorker(_Handle):
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        try:
-            data = self._conn.recv(1 << 10, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return None
-        except OSError:
-            data = b""
-        self.heard(data)
+        data = b"-"  # what to make of a connection with nothing more to read: the report may be in already
+        if b"\n" not in self._said:
+            try:
+                data = self._conn.recv(1 << 10, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            except OSError:
+                data = b""
+            self.heard(data)
         if b"\n" in self._said:
             self.returncode = int(json.loads(self._said.split(b"\n", 1)[0])["exit"])
         elif not data and self._ended():  # the server went first: how it ended is unknown

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import MLP_CURVE, ROOT, rank_user_args, stack_settings, state_names, wait_until
+from tests.stack import MLP_CURVE, ROOT, rank_user_args, seed_prefect_db, stack_settings, state_names, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -162,6 +162,7 @@ def test_a_stop_at_any_moment_around_a_completion_leaves_every_record_agreeing(
 
     home, port = tmp_path / "home", free_port()
     home.mkdir(mode=0o700)
+    seed_prefect_db(home / "prefect")
     auth = api_auth_string(home)  # what each `up` of this home makes the API ask for
     settings = {k: v for k, v in stack_settings(tmp_path).items() if k != "ELASTICFLOW_CLUSTER"}
     settings["ELASTICFLOW_CPU_SLOTS"] = "8"

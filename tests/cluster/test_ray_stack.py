@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import netns
-from tests.stack import final_flow_run, stack_settings, state_names, wait_for_events, wait_until
+from tests.stack import final_flow_run, seed_prefect_db, stack_settings, state_names, wait_for_events, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Seeded profile where only 4 slots meet the deadline below (the real CPU rate
@@ -44,6 +44,7 @@ def ray_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray: str = "local
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("ELASTICFLOW_CLUSTER", raising=False)  # nor one an earlier test's session stack left here
     home = tmp_path / "home"
+    seed_prefect_db(home / "prefect")
     with local_stack(home, free_port(), env=settings, models=("mlp",), ray=ray) as stack, \
             temporary_settings(updates={PREFECT_API_URL: stack.api_url, PREFECT_HOME: home / "prefect"}):
         worker_log = stack.logs / "worker.log"

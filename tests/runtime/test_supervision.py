@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.privilege import environ, listening, too_open
-from tests.stack import MLP_CURVE, stack_settings, wait_until
+from tests.stack import MLP_CURVE, seed_prefect_db, stack_settings, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +91,7 @@ def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_s
                 "ELASTICFLOW_DATABASE_URL": f"sqlite:///{home / 'elasticflow.db'}"}  # the default store, named
     for key, value in {**stack_env(home, port), **settings}.items():
         monkeypatch.setenv(key, value)  # local_stack sets them in this process too: put back afterwards
+    seed_prefect_db(home / "prefect")
     bystander = subprocess.Popen(["sleep", "900"], env=dict(os.environ), start_new_session=True)
     try:
         with local_stack(home, port, env=settings, models=("mlp",), schedules=False) as stack, \

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO, Union
 
@@ -97,16 +98,18 @@ def take_environment(env: dict[str, str]) -> None:
         ctypes.memset(start, 0, end - start)
 
 
-class _Handle:
+class _Handle(ABC):
     """A standby this process did not `Popen`, with the part of
-    `subprocess.Popen`'s interface the launcher uses (`poll` is each kind's)."""
+    `subprocess.Popen`'s interface the launcher uses. How its exit is
+    learnt (`poll`) is each kind's: a child's by waitpid, a fork server's
+    from the server."""
 
     def __init__(self, pid: int, stdin: IO[bytes]) -> None:
         self.pid, self.stdin = pid, stdin
         self.returncode: int | None = None
 
-    def poll(self) -> int | None:
-        raise NotImplementedError
+    @abstractmethod
+    def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.time() + timeout
@@ -147,10 +150,12 @@ class ServedWorker(_Handle):
     its exit code comes over the request's connection (the server reaps it),
     and signals go through a pidfd, which no reused PID can pass for."""
 
-    def __init__(self, pid: int, stdin: IO[bytes], conn: socket.socket, standby_log: str) -> None:
+    def __init__(self, pid: int, stdin: IO[bytes], conn: socket.socket, standby_log: str, said: bytes = b"") -> None:
         super().__init__(pid, stdin)
         self.standby_log = standby_log
-        self._conn, self._said = conn, b""
+        self._conn = conn
+        self._said = said  # what the server sent after its answer: the exit report, once the standby is gone
+        self._server_gone = False
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except OSError:  # gone already: its exit is on the connection
@@ -159,26 +164,25 @@ class ServedWorker(_Handle):
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        data = b"-"  # what to make of a connection with nothing more to read: the report may be in already
         if b"\n" not in self._said:
-            try:
-                data = self._conn.recv(1 << 10, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return None
-            except OSError:
-                data = b""
-            self.heard(data)
+            self._read()
         if b"\n" in self._said:
-            self.returncode = int(json.loads(self._said.split(b"\n", 1)[0])["exit"])
-        elif not data and self._ended():  # the server went first: how it ended is unknown
+            self.returncode = int(json.loads(self._said.partition(b"\n")[0])["exit"])
+        elif self._server_gone and self._ended():  # the server went first: how it ended is unknown
             self.returncode = -signal.SIGKILL
         if self.returncode is not None:
             self._close()
         return self.returncode
 
-    def heard(self, data: bytes) -> None:
-        """What the server said on the connection (its exit report, once the standby is gone)."""
+    def _read(self) -> None:
+        try:
+            data = self._conn.recv(1 << 10, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
         self._said += data
+        self._server_gone = not data
 
     def _ended(self) -> bool:
         return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
@@ -231,9 +235,7 @@ def served(env: dict[str, str], log_fd: int, log: str) -> ServedWorker | None:
         os.close(write)
         return None
     conn.settimeout(None)
-    worker = ServedWorker(int(answer["pid"]), os.fdopen(write, "wb"), conn, log)
-    worker.heard(said)
-    return worker
+    return ServedWorker(int(answer["pid"]), os.fdopen(write, "wb"), conn, log, said)
 
 
 Worker = Union[subprocess.Popen[bytes], ForkedWorker, ServedWorker]

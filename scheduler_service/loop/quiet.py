@@ -10,8 +10,11 @@ time, looking at every run at each of 100,000 boundaries); the worker polls
 anyway.
 
 Quiet needs every running run steady: acknowledged, training on the set it
-was told at the rate it reports, and its speeds learnt (another look at the
-same rate changes nothing: `LoopRun.learnt`, `Speeds.learnt`). It ends
+was told at the rate it reports, its last launch or resize timed (its first
+iteration seen: a slow period can put that past the poll the backend planned
+for it, and the look that sees it teaches `StartCost`), and its speeds learnt
+(another look at the same rate changes nothing: `LoopRun.learnt`,
+`Speeds.learnt`). It ends
 at the earliest of a plan deadline passing, a run falling more than a slot
 behind its plan at the rate it shows (`LoopRun.slipped`), and the time the
 policy asked to be woken. What a step would change meanwhile is only what
@@ -36,7 +39,7 @@ def quiet_until(run: LoopRun, now: float, slack_s: float, planned_at: float) -> 
     if run.phase != RunPhase.RUNNING or not run.commanded and run.pending_seq is None:
         return until  # waits for GPUs, or parked: only an event moves it
     if run.stopping or run.finishing or run.pending_seq is not None or run.reported_gpus != run.commanded \
-            or not run.reported_rate or not run.learnt():
+            or not run.reported_rate or run.being_timed or not run.learnt():
         return None
     return min(until, slips_at(run, now, slack_s))
 

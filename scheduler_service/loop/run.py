@@ -224,6 +224,12 @@ class LoopRun:
     def started(self) -> None:
         self.launched_at = None
 
+    @property
+    def being_timed(self) -> bool:
+        """A launch or resize whose first iteration is not seen yet: the look
+        that sees it learns what starts cost (`StartCost`)."""
+        return self.launched_at is not None or self.resized_at is not None
+
     def resized_in(self, now: float) -> float | None:
         """Once it trained on the set a resize gave it: how long that took
         from the command (once; None until then, and for a launch)."""

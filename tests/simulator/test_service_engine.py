@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler_service.policy import Job, ThroughputCurve, Topology
@@ -119,6 +119,9 @@ def test_in_the_service_loop_admitted_jobs_meet_their_deadlines_on_random_traces
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), load=st.floats(0.3, 3.0), interval=st.sampled_from([60.0, 240.0]),
        policy=st.sampled_from(["elasticflow", "elasticflow-overload"]), noisy=st.booleans())
+# A slow period began between a resize's end and its first iteration: the poll
+# planned for that iteration came too early, and a skip timed the resize later.
+@example(seed=4160, load=0.7109375, interval=60.0, policy="elasticflow", noisy=True)
 def test_skipping_the_boundaries_the_loop_says_are_quiet_changes_no_decision(
         seed: int, load: float, interval: float, policy: str, noisy: bool) -> None:
     """The simulator jumps over the slot boundaries at which the loop could

@@ -34,9 +34,11 @@ def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from flows.training.launch.forkserver import launch
     from flows.training.launch.standby import FORKSERVER_ENV, POOL
 
-    process, path = launch(tmp_path_factory.mktemp("forkserver"))
-    deadline = time.time() + 120
-    while not path.exists() and process.poll() is None and time.time() < deadline:
+    home = tmp_path_factory.mktemp("forkserver")
+    process, path = launch(home)
+    deadline = time.time() + 120  # it listens at once, and serves once it has imported torch
+    while b"fork server ready" not in (home / "logs" / "forkserver.log").read_bytes() and process.poll() is None \
+            and time.time() < deadline:
         time.sleep(0.05)
     assert path.exists(), f"the fork server did not start (exit {process.poll()})"
     os.environ[FORKSERVER_ENV] = str(path)

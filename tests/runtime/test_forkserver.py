@@ -50,7 +50,8 @@ def api() -> Iterator[str]:
     sock.close()
 
 
-def _start_server(base: Path, api_url: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+def _start_server(base: Path, api_url: str, ready: bool = True) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """The server, once it serves (`ready`), or once it listens (its imports may still be under way)."""
     path = base / "s.sock"
     env = {**os.environ, "PREFECT_HOME": str(base / "prefect"), "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api_url}
     env.pop(FORKSERVER_ENV, None)
@@ -58,9 +59,9 @@ def _start_server(base: Path, api_url: str) -> tuple[subprocess.Popen[bytes], di
     proc = subprocess.Popen([sys.executable, "-m", "flows.training.launch.forkserver", str(path)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     end = time.time() + CEILING_S
-    while not path.exists():
+    while not path.exists() or (ready and b"fork server ready" not in (base / "server.log").read_bytes()):
         assert proc.poll() is None and time.time() < end, (base / "server.log").read_text()
-        time.sleep(0.2)
+        time.sleep(0.1)
     return proc, {**env, FORKSERVER_ENV: str(path)}
 
 
@@ -114,6 +115,22 @@ def test_the_forked_engine_writes_to_the_clients_output_and_its_exit_code_comes_
     assert boot.returncode == 1, out
     assert "Invalid flow run id" in out  # Prefect's engine ran, in a fork, writing to our stdout
     assert "starting cold" not in out
+
+
+def test_a_client_that_comes_while_the_server_imports_waits_for_its_warm_fork(tmp_path: Path, api: str) -> None:
+    """A stack's first seconds, when a restart resumes its runs: the server
+    listens before it imports, and a run launched meanwhile is forked warm
+    once the imports are done, not started cold beside them."""
+    proc, env = _start_server(tmp_path, api, ready=False)
+    try:
+        assert b"imported in" not in (tmp_path / "server.log").read_bytes()  # it listens, the imports go on
+        boot = _boot(env, PREFECT__FLOW_RUN_ID="not-a-uuid")
+        out, _ = boot.communicate(timeout=CEILING_S)
+        assert "starting cold" not in out and "Invalid flow run id" in out, out
+        assert b"fork server ready" in (tmp_path / "server.log").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=CEILING_S)
 
 
 def test_other_prefect_settings_than_the_servers_start_cold_and_say_why(server) -> None:

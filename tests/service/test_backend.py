@@ -101,8 +101,9 @@ def test_the_workers_own_ranks_are_forked_by_its_fork_server_and_a_run_starting_
     pool = WorkerPool()
     try:
         path = os.environ[FORKSERVER_ENV]
-        deadline = time.time() + 120  # the server imports torch first
-        while not os.path.exists(path) and time.time() < deadline:
+        deadline = time.time() + 120  # it listens at once, and serves once it has imported torch
+        while b"fork server ready" not in (tmp_path / "logs" / "forkserver.log").read_bytes() \
+                and time.time() < deadline:
             time.sleep(0.05)
         (rank,) = pool.take(1)
         assert isinstance(rank, ServedWorker)

@@ -120,8 +120,8 @@ class StandbyJob:
 class ForkServer:
     """Accepts clients, forks flow processes, reports their exit codes."""
 
-    def __init__(self, path: Path, parent_pid: int | None) -> None:
-        self.path, self.parent_pid = path, parent_pid
+    def __init__(self, path: Path, listener: socket.socket, parent_pid: int | None) -> None:
+        self.path, self.listener, self.parent_pid = path, listener, parent_pid
         self.settings = settings_of(dict(os.environ))
         self.children: dict[int, socket.socket | None] = {}  # pid -> client connection (None: client gone)
         self.standbys: set[int] = set()  # children that are standby ranks, not flow processes
@@ -131,12 +131,7 @@ class ForkServer:
         """Serve until told to stop and every flow process has exited (None), or
         return the job to run in a freshly forked child."""
         sel = selectors.DefaultSelector()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        listener.bind(str(tmp))
-        listener.listen(64)
-        os.replace(tmp, self.path)  # clients connect only once it is ready
+        listener = self.listener
         sel.register(listener, selectors.EVENT_READ)
         stop: list[int] = []  # not a threading.Event: a second signal inside its handler would deadlock on its lock
         for sig in RELAYED:
@@ -345,6 +340,21 @@ def launch(home: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return process, path
 
 
+def listen(path: Path) -> socket.socket:
+    """The server's socket, listening before the imports: a run launched
+    while they take (a stack's first seconds, when a restart resumes its
+    runs) waits in the backlog for its warm fork instead of starting cold,
+    which would import the same modules again beside them, and its ranks too
+    (a flow process's client waits up to boot.ANSWER_TIMEOUT_S)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    listener.bind(str(tmp))
+    listener.listen(64)
+    os.replace(tmp, path)
+    return listener
+
+
 def _warm_up() -> None:
     """Everything a flow process and its DDP workers import, once."""
     import prefect.flow_engine  # noqa: F401
@@ -360,18 +370,20 @@ def main(argv: list[str]) -> int:
     started = time.time()
     os.umask(PRIVATE_UMASK)  # what its flow processes and ranks create under the home is private
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # read once, at import: the DDP workers it forks use 1 thread
+    listener = listen(path)
     _warm_up()
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    if threads:  # a fork would copy their locks in whatever state they are
-        print(f"elasticflow fork server: not serving, imports started threads {threads}", file=sys.stderr)
-        return 1
     import torch
 
-    if torch.cuda.is_initialized():  # forks could not use CUDA
-        print("elasticflow fork server: not serving, imports initialised CUDA", file=sys.stderr)
+    why_not = f"imports started threads {threads}" if threads else (  # a fork would copy their locks as they are
+        "imports initialised CUDA" if torch.cuda.is_initialized() else None)  # forks could not use CUDA
+    if why_not is not None:  # the clients waiting meanwhile read no answer and start cold
+        path.unlink(missing_ok=True)
+        listener.close()
+        print(f"elasticflow fork server: not serving, {why_not}", file=sys.stderr)
         return 1
     print(f"elasticflow fork server imported in {time.time() - started:.1f} s", flush=True)
-    job = ForkServer(path, parent).serve()
+    job = ForkServer(path, listener, parent).serve()
     if job is None:  # stopped: nothing to tear down that is worth the second it takes with torch loaded
         sys.stdout.flush()
         os._exit(0)

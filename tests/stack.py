@@ -310,6 +310,18 @@ SHARED = Shared()
 USERS = {"prefect_api", "stack"}  # the fixtures of the shared server and stack
 
 
+def wait_fork_server(log: Path, process: subprocess.Popen[bytes] | None = None, timeout_s: float = 120.0) -> None:
+    """Until the fork server writing `log` serves (it listens at once, and
+    serves once it has imported torch), or its process ended."""
+    from flows.training.launch.forkserver import READY
+
+    deadline = time.time() + timeout_s
+    while READY.encode() not in (log.read_bytes() if log.exists() else b""):
+        assert (process is None or process.poll() is None) and time.time() < deadline, \
+            f"the fork server does not serve: {log.read_text(errors='replace')[-2000:] if log.exists() else ''}"
+        time.sleep(0.05)
+
+
 def seed_prefect_db(prefect_home: Path) -> None:
     """A migrated Prefect database in `prefect_home` before its server first
     starts, copied from one migrated once per machine and Prefect version: a

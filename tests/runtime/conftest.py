@@ -14,6 +14,7 @@ import pytest
 
 from flows.training.params import TrainParameters
 from flows.training.supervision import PROGRESS_FILE, RunningSegment
+from tests.stack import wait_fork_server
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -36,11 +37,7 @@ def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     home = tmp_path_factory.mktemp("forkserver")
     process, path = launch(home)
-    deadline = time.time() + 120  # it listens at once, and serves once it has imported torch
-    while b"fork server ready" not in (home / "logs" / "forkserver.log").read_bytes() and process.poll() is None \
-            and time.time() < deadline:
-        time.sleep(0.05)
-    assert path.exists(), f"the fork server did not start (exit {process.poll()})"
+    wait_fork_server(home / "logs" / "forkserver.log", process)
     os.environ[FORKSERVER_ENV] = str(path)
     yield path
     os.environ.pop(FORKSERVER_ENV, None)

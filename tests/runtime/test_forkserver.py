@@ -15,6 +15,8 @@ from typing import Iterator
 import pytest
 
 from flows.training.launch.boot import FORKSERVER_ENV
+from flows.training.launch.forkserver import READY
+from tests.stack import wait_fork_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,9 +61,11 @@ def _start_server(base: Path, api_url: str, ready: bool = True) -> tuple[subproc
     proc = subprocess.Popen([sys.executable, "-m", "flows.training.launch.forkserver", str(path)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     end = time.time() + CEILING_S
-    while not path.exists() or (ready and b"fork server ready" not in (base / "server.log").read_bytes()):
+    while not path.exists():
         assert proc.poll() is None and time.time() < end, (base / "server.log").read_text()
-        time.sleep(0.1)
+        time.sleep(0.05)
+    if ready:
+        wait_fork_server(base / "server.log", proc, CEILING_S)
     return proc, {**env, FORKSERVER_ENV: str(path)}
 
 
@@ -127,7 +131,7 @@ def test_a_client_that_comes_while_the_server_imports_waits_for_its_warm_fork(tm
         boot = _boot(env, PREFECT__FLOW_RUN_ID="not-a-uuid")
         out, _ = boot.communicate(timeout=CEILING_S)
         assert "starting cold" not in out and "Invalid flow run id" in out, out
-        assert b"fork server ready" in (tmp_path / "server.log").read_bytes()
+        assert READY.encode() in (tmp_path / "server.log").read_bytes()
     finally:
         proc.terminate()
         proc.wait(timeout=CEILING_S)

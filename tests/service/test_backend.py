@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from flows.training.launch.spec import LaunchSpec
 from scheduler_service.worker import ray_backend
 from scheduler_service.worker.backend import InfrastructureGone, LocalProcesses, RankPlacement
 from scheduler_service.worker.ray_backend import RayBackend
+from tests.stack import wait_fork_server
 
 RUN = "0b7c1d2e-0000-4000-8000-000000000002"
 
@@ -101,10 +101,7 @@ def test_the_workers_own_ranks_are_forked_by_its_fork_server_and_a_run_starting_
     pool = WorkerPool()
     try:
         path = os.environ[FORKSERVER_ENV]
-        deadline = time.time() + 120  # it listens at once, and serves once it has imported torch
-        while b"fork server ready" not in (tmp_path / "logs" / "forkserver.log").read_bytes() \
-                and time.time() < deadline:
-            time.sleep(0.05)
+        wait_fork_server(tmp_path / "logs" / "forkserver.log")
         (rank,) = pool.take(1)
         assert isinstance(rank, ServedWorker)
         rank.kill()

@@ -62,6 +62,7 @@ from flows.training.launch.boot import PRIVATE_UMASK, record_group
 from flows.training.launch.spec import standby_of
 from flows.training.launch.standby import is_secret, rank_env, take_environment, with_repo_on_path
 
+READY = "elasticflow fork server ready"  # its log's line once it serves (it listens earlier: `listen`)
 MAX_REQUEST = 4 << 20  # bytes: an environment is a few kB
 RELAYED = {signal.SIGTERM, signal.SIGINT}  # the server handles them, and a client relays them to its flow process
 
@@ -136,7 +137,7 @@ class ForkServer:
         stop: list[int] = []  # not a threading.Event: a second signal inside its handler would deadlock on its lock
         for sig in RELAYED:
             signal.signal(sig, lambda signum, _: stop.append(signum))
-        print(f"elasticflow fork server ready pid={os.getpid()} socket={self.path}", flush=True)
+        print(f"{READY} pid={os.getpid()} socket={self.path}", flush=True)
         while self.accepting or self.children:
             if self.accepting and (stop or (self.parent_pid and os.getppid() != self.parent_pid)):
                 # Its worker is gone: no new runs, but the running ones still report to their clients.

@@ -396,10 +396,12 @@ class ElasticFlowPolicy(SchedulingPolicy):
 
     # -- allocation ----------------------------------------------------------
     def _safe(self, job_id: str, gpus: int, slot: int, own: JobStatus) -> bool:
-        """Granting `gpus` now keeps a guaranteed job's plan sufficient (allocation.py)."""
+        """Granting `gpus` now keeps a guaranteed job's plan sufficient, with
+        slack left for a forced move if its plans carry any (allocation.py)."""
         return job_id not in self.guaranteed or grant_is_safe(
             self.jobs[job_id], self.plans[job_id], own, gpus, slot, self.clock,
-            unclaimed_s(self.timeline, slot, gpus, self.clock))
+            unclaimed_s(self.timeline, slot, gpus, self.clock),
+            keeps_a_move=self._allowance(self.jobs[job_id], self.levels[job_id]) > 0)
 
     def _place(self, slot: int, alloc: dict[str, int], status: Mapping[str, JobStatus]) -> Placement:
         """Place the allocation; if that would move a job that cannot afford a

@@ -8,10 +8,8 @@ first when it can, because every change costs a restart.
 
 Extra GPUs must never endanger a deadline. A grant is safe when the job's plan
 still covers its remaining iterations after paying for the restart the grant
-causes now and for one more restart when the grant is taken back later, and
-leaves a job that runs at its plan's width the slack of a move placement may
-force on it there; the simulator's tests check that every admitted job meets
-its deadline. A job
+causes now and for one more restart when the grant is taken back later; the
+simulator's tests check that every admitted job meets its deadline. A job
 whose plan gives it nothing now is the exception: taking spare GPUs back
 leaves it where its plan left it, so it needs no slack, only GPUs that stay
 unclaimed for longer than a start.
@@ -92,19 +90,11 @@ def grow(
 
 
 def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clock: SlotClock,
-                  unclaimed_s: float = 0.0, keeps_a_move: bool = False) -> bool:
+                  unclaimed_s: float = 0.0) -> bool:
     """Running the job on `gpus` GPUs from `slot` keeps its plan sufficient:
     the plan still covers what is left after the restart this causes now and
     one more for when the grant is taken back. `unclaimed_s`: how long no
-    plan claims that many GPUs from now (the free timeline). `keeps_a_move`:
-    the grant must also leave the slack one more restart at its plan's
-    width costs, as far as the job has it: spent on the grant, it is missing
-    when fragmentation makes placement move the job, and it misses (ITP
-    cluster06 on 128 GPUs, `elasticflow` through the loop: granted 8 GPUs
-    elsewhere and handed back, a job's 573 iterations of slack on its 4-GPU
-    plan became 66, and a forced move then cost it 289). Reserving its whole
-    migration allowance (a restart at its costliest width) instead cost
-    0.021 on elasticVpollux_e, bare."""
+    plan claims that many GPUs from now (the free timeline)."""
     assert job.deadline is not None
     if unclaimed_s > clock.overhead(gpus) and waits_for_its_plan(job, plan, st, slot, clock):
         # Taking spare GPUs back leaves it as it is now, idle with less to do,
@@ -119,17 +109,10 @@ def grant_is_safe(job: Job, plan: Plan, st: JobStatus, gpus: int, slot: int, clo
     have = cover(plan, job.curve, slot, job.deadline, st.gpus, st.overhead_left, clock)
     now_cost = speed[gpus] * (st.overhead_left if gpus == st.gpus else overhead(gpus))
     later_cost = max((speed[r.gpus] * overhead(r.gpus) for r in plan.runs if r.end > slot), default=0.0)
-    planned = plan.gpus_at(slot)
     # A grant lasts at least one interval (callers decide at most once per
     # interval), in which the job outruns its plan by this much:
-    ahead = (speed[gpus] - job.curve.speed(planned)) * clock.interval
-    # What a move that placement forces on it back at its plan's width costs,
-    # for a job that runs there now (one that does not start yet pays a start
-    # either way: asked of it too, a job due soon on an idle cluster was left
-    # on half of it):
-    reserve = speed[planned] * overhead(planned) if keeps_a_move and 0 < planned == st.gpus else 0.0
-    kept = min(reserve, max(0.0, have - st.remaining))
-    return st.remaining + now_cost + later_cost + kept <= have + ahead
+    ahead = (speed[gpus] - job.curve.speed(plan.gpus_at(slot))) * clock.interval
+    return st.remaining + now_cost + later_cost <= have + ahead
 
 
 def falls_short(job: Job, plan: Plan, st: JobStatus, slot: int, clock: SlotClock) -> bool:

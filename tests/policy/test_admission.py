@@ -272,3 +272,22 @@ def test_a_job_infeasible_alone_is_told_the_gpus_it_can_use_of_the_cluster_not_t
     (decision,) = policy.schedule(SchedulingRequest(0.0, [job("a", 10_000, 600, curve=flat)])).decisions
     assert decision.reason is RejectionReason.INFEASIBLE_ALONE
     assert decision.message.startswith("even alone, on 1 GPU (the most it can use of 2), it cannot finish 10000 ")
+
+
+def test_a_job_brought_back_from_spare_gpus_to_its_plan_gets_its_migration_allowance_checked_as_if_moved():
+    """The grant's two restarts, there and back, are paid out of the job's
+    slack as a move's is: ITP cluster06 (128 GPUs, through the loop) let a job
+    that way go from 573 iterations of slack to 66, and the next forced move
+    made it miss. Still on spare GPUs, it has paid only the first."""
+    policy = make_policy("elasticflow", TOPO)
+    assert policy.schedule(SchedulingRequest(0.0, [job("a", 2 * 3000, 4000)])).allocation == {"a": 8}
+    assert policy.plans["a"].gpus_at(1) == 1
+    running = {"a": JobStatus(2 * 3000 - 5.5 * 25, 8)}
+    wider = policy.schedule(SchedulingRequest(60.0, [job("b", 1.9 * 3000, 3400, submit=60.0)], status=running))
+    assert policy.plans["a"].gpus_at(1) < wider.allocation["a"] < 8 and policy.moved == set()
+
+    policy = make_policy("elasticflow", TOPO)
+    policy.schedule(SchedulingRequest(0.0, [job("a", 2 * 3000, 4000)]))
+    busy = [job(name, speed * 3000, 3200, submit=60.0) for name, speed in (("b", 3.3), ("c", 1.85), ("d", 0.95))]
+    back = policy.schedule(SchedulingRequest(60.0, busy, status=running))
+    assert back.allocation["a"] == policy.plans["a"].gpus_at(1) < 8 and policy.moved == {"a"}

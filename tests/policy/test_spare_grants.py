@@ -93,22 +93,3 @@ def test_a_run_behind_a_plan_that_has_ended_keeps_the_gpus_it_trains_on() -> Non
         for now in (60.0, 190.0, 198.0):  # its plan ends at 192 s, half its work still to do
             reply = policy.schedule(SchedulingRequest(now, status={"a": JobStatus(1500, 4, 0.0)}))
             assert reply.allocation["a"] == 4, (name, now)
-
-
-def test_a_grant_leaves_a_guaranteed_run_the_slack_it_keeps_for_a_forced_move() -> None:
-    """ITP cluster06 on 128 GPUs, through the loop: a run was granted 8 GPUs
-    beyond its plan's 4, elsewhere, and handed back the next minute; the two
-    restarts took 507 of its 573 iterations of slack, and the move that
-    fragmentation later forced on it made it miss. A grant may spend the
-    slack beyond one restart at its plan's width, never that restart."""
-    from scheduler_service.policy.plan import cover
-
-    curve = ThroughputCurve({1: 100.0, 2: 190.0})
-    job, plan = Job("a", 0.0, 20_000.0, 400.0, curve), Plan((Stretch(0, 200, 1),), 1)
-    have = cover(plan, curve, 0, 400.0, 1, 0.0, CLOCK)
-    net_cost = 190 * 2.5 + 100 * 2.5 - (190 - 100) * 2.0  # a start on 2 now, one back on 1 later, less the gain
-    move = 100 * 2.5  # a restart on its plan's 1 GPU
-    tight, loose = JobStatus(have - (net_cost + move - 1), 1), JobStatus(have - (net_cost + move + 1), 1)
-    assert grant_is_safe(job, plan, tight, 2, 0, CLOCK)  # the slack pays both restarts...
-    assert not grant_is_safe(job, plan, tight, 2, 0, CLOCK, keeps_a_move=True)  # ...but not a move after them
-    assert grant_is_safe(job, plan, loose, 2, 0, CLOCK, keeps_a_move=True)

@@ -48,10 +48,10 @@ def test_in_the_service_loop_both_policies_keep_the_guarantee_on_the_shared_trac
 
 
 @pytest.mark.slow
-def test_the_paper_policy_keeps_the_guarantee_through_the_loop_where_grants_once_spent_a_moves_slack():
+def test_the_paper_policy_keeps_the_guarantee_through_the_loop_after_a_grant_there_and_back():
     """ITP cluster06 on 128 GPUs: a job granted GPUs beyond its plan, on
     another block, and handed back spent the slack a forced move needs; the
-    next one made it miss (allocation.grant_is_safe, `keeps_a_move`)."""
+    next one made it miss (ElasticFlowPolicy._grants_ended)."""
     _, (result,) = _experiment("itp/cluster06", "n16g8", "A100", 60.0, "service").run(["elasticflow"])
     assert result.admitted_missed == 0
     assert result.admitted + result.rejected == result.jobs

@@ -344,9 +344,8 @@ def launch(home: Path) -> tuple[subprocess.Popen[bytes], Path]:
 def listen(path: Path) -> socket.socket:
     """The server's socket, listening before the imports: a run launched
     while they take (a stack's first seconds, when a restart resumes its
-    runs) waits in the backlog for its warm fork instead of starting cold,
-    which would import the same modules again beside them, and its ranks too
-    (a flow process's client waits up to boot.ANSWER_TIMEOUT_S)."""
+    runs) waits in the backlog (up to boot.ANSWER_TIMEOUT_S) for its warm
+    fork instead of importing it all again cold beside them, ranks too."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = path.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)

@@ -155,3 +155,11 @@ def test_launch_is_the_bottom_layer() -> None:
 
 def test_the_coordinator_runs_without_prefect_glue() -> None:
     assert not _within(_modules_named(TRAINING / "coordinator"), "reporting")
+
+
+def test_no_module_of_the_training_runtime_is_over_400_lines() -> None:
+    """Issue 45: over ~400 lines a module holds two concerns; the runtime,
+    which users' code runs in, stays readable module by module."""
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "flows").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

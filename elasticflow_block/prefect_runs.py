@@ -20,7 +20,6 @@ def task_durations(name: str, flow_name: str | None, limit: int) -> list[float]:
     name is matched on that prefix; `flow_name` keeps one pipeline's
     `evaluate` apart from another's.
     """
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowFilter,
         FlowFilterName,
@@ -32,12 +31,14 @@ def task_durations(name: str, flow_name: str | None, limit: int) -> list[float]:
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import TaskRunSort
 
+    from elasticflow_block.prefect_client import sync_client
+
     task_filter = TaskRunFilter(
         name=TaskRunFilterName(like_=name),
         state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.COMPLETED])),
     )
     flow_filter = FlowFilter(name=FlowFilterName(any_=[flow_name])) if flow_name else None
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         runs = client.read_task_runs(
             task_run_filter=task_filter, flow_filter=flow_filter, sort=TaskRunSort.END_TIME_DESC, limit=limit * 4
         )
@@ -69,12 +70,12 @@ def wait_for_run(
     training run does not depend on this process, so a short outage must not
     fail a pipeline whose model is still training.
     """
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     give_up = None if timeout_s is None else time.monotonic() + timeout_s
     failing_since: float | None = None
     flow_run: Any = None
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         while True:
             try:
                 flow_run = client.read_flow_run(run_id)  # type: ignore[arg-type]
@@ -98,11 +99,12 @@ def cancel_run(run_id: str, why: str, logger: logging.Logger | logging.LoggerAda
     its worker (the workers checkpoint first) and ends Cancelled; a run still
     waiting for GPUs or profiling is cancelled at once and gives its place back.
     """
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
+    from elasticflow_block.prefect_client import sync_client
+
     try:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             state = client.read_flow_run(run_id).state  # type: ignore[arg-type]
             if state is not None and (state.is_final() or state.is_cancelling()):
                 return

@@ -213,8 +213,9 @@ def _paused(run_key: str, control_dir: str | None) -> Pause | None:
     end Crashed. A run that is being cancelled stays cancelled. If Prefect
     cannot be told in time, the run stays Running and the next worker, which
     finds its process gone, resumes it the same way (recovery.py)."""
-    from prefect.client.orchestration import get_client
     from prefect.states import Scheduled
+
+    from elasticflow_block.prefect_client import sync_client
 
     channel = FileControlChannel(run_key, control_dir or default_control_root())
     status = channel.status()
@@ -224,7 +225,7 @@ def _paused(run_key: str, control_dir: str | None) -> Pause | None:
     give_up = time.monotonic() + PAUSE_TELL_S
     while True:
         try:
-            with get_client(sync_client=True) as client:
+            with sync_client() as client:
                 state = client.read_flow_run(run_key).state  # type: ignore[arg-type]
                 if state is not None and (state.is_cancelling() or state.is_final()):
                     return None  # cancelled (or ended) meanwhile: not a pause

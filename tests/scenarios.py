@@ -31,10 +31,11 @@ def allocations(stack: Stack, run_id: str) -> list[tuple[str, str]]:
 
 def cluster_artifact_data() -> str:
     """The service's cluster-wide view: one keyed artifact, updated in place ("" before its first publish)."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    with get_client(sync_client=True) as client:
+    from elasticflow_block.prefect_client import sync_client
+
+    with sync_client() as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["elasticflow-cluster"])))
     return str(found[0].data) if found else ""
 

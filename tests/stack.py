@@ -92,17 +92,18 @@ class Stack:
         return str(flow_run.id)  # type: ignore[union-attr]
 
     def flow_run(self, run_id: str) -> Any:
-        from prefect.client.orchestration import get_client
+        from elasticflow_block.prefect_client import sync_client
 
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             return client.read_flow_run(run_id)  # type: ignore[arg-type]
 
     def cancel(self, run_id: str) -> None:
         """As a user cancels it in the UI."""
-        from prefect.client.orchestration import get_client
         from prefect.states import Cancelling
 
-        with get_client(sync_client=True) as client:
+        from elasticflow_block.prefect_client import sync_client
+
+        with sync_client() as client:
             client.set_flow_run_state(run_id, Cancelling(message="not needed any more"), force=True)  # type: ignore[arg-type]
 
     def wait_final(self, run_id: str, timeout_s: float = 120.0) -> Any:
@@ -148,10 +149,11 @@ class Stack:
         """The markdown of the worker's allocation-history artifact of a run."""
         from uuid import UUID
 
-        from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-        with get_client(sync_client=True) as client:
+        from elasticflow_block.prefect_client import sync_client
+
+        with sync_client() as client:
             artifacts = client.read_artifacts(
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)]))
             )
@@ -212,11 +214,11 @@ def final_flow_run(run_id: Any, supervise: Callable[[], Iterable[str]] | None = 
     predicate. `supervise` (a stack under `up`'s supervision) is stepped
     first, and what it says is printed, so a process that died is restarted
     while the test waits."""
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     for line in supervise() if supervise is not None else ():
         print(line)
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         found = client.read_flow_run(run_id)
     return found if found.state is not None and found.state.is_final() else None
 
@@ -240,13 +242,13 @@ def wait_for_events(
 ) -> list[dict[str, Any]]:
     """A run's events whose name starts with `prefix`, once `until` holds for
     them (default: there is one); the server ingests events asynchronously."""
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     body = {"filter": {"event": {"prefix": [prefix]},
                        "any_resource": {"id": [f"prefect.flow-run.{run_id}"]}}, "limit": 50}
 
     def fetch() -> list[dict[str, Any]] | None:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             events = client.request("POST", "/events/filter", json=body).json()["events"]
         return events if until(events) else None
 
@@ -255,9 +257,9 @@ def wait_for_events(
 
 def flow_run_states(run_id: str) -> list[Any]:
     """Every state a flow run went through, oldest first."""
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         states = client.read_flow_run_states(run_id)  # type: ignore[arg-type]
     return sorted(states, key=lambda state: state.timestamp)
 

@@ -52,8 +52,28 @@ def test_the_example_trigger_is_a_valid_deployment_trigger_on_the_at_risk_event(
 def test_the_checkpoint_store_block_is_registered_through_the_entry_point(prefect_api: str) -> None:
     """The server imports the `prefect.collections` entry points at start-up
     and registers every block class they define."""
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         block_type = client.read_block_type_by_slug("elasticflow-checkpoint-store")
     assert block_type.name == "ElasticFlow Checkpoint Store"
+
+
+def test_sync_clients_share_one_tls_context_and_still_follow_the_tls_settings() -> None:
+    """Prefect loads the CA bundle for every client it makes (25 ms of CPU);
+    the project's polls make one a few times a second, so the context is
+    kept, but a changed setting is honoured."""
+    import ssl
+
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY, temporary_settings
+
+    from elasticflow_block.prefect_client import _tls, sync_client
+
+    _tls.cache_clear()
+    sync_client(), sync_client()
+    assert (_tls.cache_info().misses, _tls.cache_info().hits) == (1, 1)
+    with temporary_settings(updates={PREFECT_API_TLS_INSECURE_SKIP_VERIFY: True}):
+        sync_client()
+        insecure = _tls(PREFECT_API_SSL_CERT_FILE.value(), True)
+    assert _tls.cache_info().misses == 2
+    assert insecure.verify_mode == ssl.CERT_NONE and not insecure.check_hostname

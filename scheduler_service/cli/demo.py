@@ -147,12 +147,12 @@ class Demo:
         raise TimeoutError(f"the demo waited {timeout_s:.0f} s; see {self.home / 'logs'}")
 
     def _poll(self) -> None:
-        from prefect.client.orchestration import get_client
+        from elasticflow_block.prefect_client import sync_client
 
         from scheduler_service.worker.store import ServiceStore
 
         store = ServiceStore()
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             for run in self.runs:
                 states = sorted(client.read_flow_run_states(run.flow_run_id),  # type: ignore[arg-type]
                                 key=lambda s: s.timestamp)
@@ -169,9 +169,9 @@ class Demo:
                 run.seen_allocations = len(allocations)
 
     def final(self, run: DemoRun) -> Any:
-        from prefect.client.orchestration import get_client
+        from elasticflow_block.prefect_client import sync_client
 
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             flow_run = client.read_flow_run(run.flow_run_id)  # type: ignore[arg-type]
         return flow_run if flow_run.state is not None and flow_run.state.is_final() else None
 

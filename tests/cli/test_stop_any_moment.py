@@ -144,10 +144,11 @@ def _segment_names(run_id: str) -> list[str]:
     """The names of a flow run's segment tasks (`segment-<n>-it<first iteration>-...`)."""
     from uuid import UUID
 
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with get_client(sync_client=True) as client:
+    from elasticflow_block.prefect_client import sync_client
+
+    with sync_client() as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])))
     return [run.name for run in runs]
 

@@ -64,7 +64,7 @@ def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any
 
 def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
         shared_stack: tuple[Any, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     from scheduler_service.store import save_curve
 
@@ -107,16 +107,16 @@ def test_a_deployment_run_is_decided_launched_across_nodes_and_completed(
     long = run_deployment("train/mlp", timeout=0, parameters={
         "iterations": 10_000_000, "deadline": (datetime.now(timezone.utc) + timedelta(days=400)).isoformat()})
     wait_until(lambda: len(rank_actors(home)) >= 4, 180, "the run's 4 ranks")
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         client.set_flow_run_state(long.id, Cancelling(message="not needed any more"), force=True)
 
     def cancelled() -> object:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             state = client.read_flow_run(long.id).state
         return state is not None and state.is_cancelled()
 
     wait_until(cancelled, 120, "the run to be Cancelled")
-    with get_client(sync_client=True) as client:  # as locally: never Crashed on the way (ray.init's handler)
+    with sync_client() as client:  # as locally: never Crashed on the way (ray.init's handler)
         names = [s.name for s in client.read_flow_run_states(long.id)]
     assert "Crashed" not in names, names
     try:

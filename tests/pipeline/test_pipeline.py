@@ -78,11 +78,12 @@ def test_downstream_times_are_learned_from_completed_task_runs_of_the_flow(stack
 
 
 def test_the_daily_pipeline_trains_admitted_evaluates_the_checkpoint_and_registers_it(pipeline_stack: Stack) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
+    from elasticflow_block.prefect_client import sync_client
+
     stack = pipeline_stack
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         deployment = client.read_deployment_by_name("pipeline/daily")
         runs_before = {str(r.id) for r in client.read_flow_runs()}
     assert deployment.work_pool_name == "gpus" and deployment.parameters == {"sla": "06:00Z"}
@@ -103,7 +104,7 @@ def test_the_daily_pipeline_trains_admitted_evaluates_the_checkpoint_and_registe
     train = stack.flow_run(latest["train_flow_run_id"])
     assert str(train.id) not in runs_before
     assert train.state.is_completed() and train.labels.get("elasticflow.mss") not in (None, "best-effort")
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         parent = client.read_task_run(train.parent_task_run_id)
         evaluate = [t for t in client.read_task_runs() if t.flow_run_id == pipeline.id and t.name.startswith("evaluate")]
     assert parent.flow_run_id == pipeline.id  # the training run is a subflow of the pipeline run
@@ -111,16 +112,17 @@ def test_the_daily_pipeline_trains_admitted_evaluates_the_checkpoint_and_registe
 
 
 def test_cancelling_the_pipeline_cancels_the_training_run_it_waits_for(pipeline_stack: Stack) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
+
+    from elasticflow_block.prefect_client import sync_client
 
     stack = pipeline_stack
     pipeline = run_deployment("pipeline/daily", parameters={"sla": "+60m", "iterations": 20000}, timeout=0)
 
     def training_run() -> Any:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[pipeline.id])))
         return children[0] if children else None
@@ -129,7 +131,7 @@ def test_cancelling_the_pipeline_cancels_the_training_run_it_waits_for(pipeline_
     status = stack.home / "control" / str(train.id) / "status.json"
     stack.wait_until(lambda: status.exists() and json.loads(status.read_text()).get("iteration", 0) > 0, 150,
                      "the training run to train")
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         client.set_flow_run_state(pipeline.id, Cancelling(message="SLA dropped"), force=True)
     assert stack.wait_final(str(pipeline.id), 90).state.is_cancelled()
     train = stack.wait_final(str(train.id), 90)
@@ -143,7 +145,6 @@ def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_i
 ) -> None:
     """Due 2 h ago with a one-hour SLA: the SLA passed an hour ago. The run must
     fail saying so, not move its SLA to an hour from now."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
@@ -152,6 +153,8 @@ def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_i
     )
     from prefect.deployments import run_deployment
 
+    from elasticflow_block.prefect_client import sync_client
+
     stack = pipeline_stack
     late = run_deployment("pipeline/daily", parameters={"sla": "+1h"}, timeout=0,
                           scheduled_time=datetime.now(timezone.utc) - timedelta(hours=2))
@@ -159,7 +162,7 @@ def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_i
     assert run.state.is_failed() and run.state.name == "SLATooClose", f"{run.state!r}"
     assert "leaves no time to train" in run.state.message
     _assert_logs_without_traceback(str(late.id), "leaves no time to train")
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[late.id])))
         children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
@@ -171,11 +174,12 @@ def test_a_daily_run_started_late_counts_its_sla_from_when_it_was_due_and_says_i
 
 def _assert_logs_without_traceback(run_id: str, says: str) -> None:
     """The run's logs (its tasks' too) say why, and hold no traceback: an expected refusal is no crash."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+    from elasticflow_block.prefect_client import sync_client
+
     def logs() -> list[str] | None:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             found = [log.message for log in client.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))]  # type: ignore[list-item]
         return found if any("Finished in state" in m and "type=FAILED" in m for m in found) else None

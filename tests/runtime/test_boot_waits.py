@@ -45,7 +45,7 @@ async def _flow_run(api_url: str, checkpoints: Path) -> str:
 
 def test_a_flow_process_started_while_its_server_is_down_waits_for_it_and_trains(
         prefect_api: str, tmp_path: Path) -> None:
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     run_id = asyncio.run(_flow_run(prefect_api, tmp_path / "checkpoints"))
     with slow_server(prefect_api, delay_s=0.0, down_s=DOWN_S) as restarting:
@@ -56,7 +56,7 @@ def test_a_flow_process_started_while_its_server_is_down_waits_for_it_and_trains
                               capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert time.monotonic() - started >= DOWN_S
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         state = client.read_flow_run(run_id).state
     assert state is not None and state.is_completed(), state
 
@@ -67,7 +67,7 @@ def test_a_flow_process_whose_server_dies_just_after_it_found_it_listening_retri
     had found the server listening, and the engine's next request, from a
     fresh client, was refused and not retried: the run crashed at iteration
     0. Now every client of the flow process retries a refused connection."""
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     run_id = asyncio.run(_flow_run(prefect_api, tmp_path / "checkpoints"))
     with slow_server(prefect_api, delay_s=0.0, blink_s=DOWN_S) as blinking:
@@ -76,6 +76,6 @@ def test_a_flow_process_whose_server_dies_just_after_it_found_it_listening_retri
         done = subprocess.run([sys.executable, "-m", "flows.training.launch.boot"], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         state = client.read_flow_run(run_id).state
     assert state is not None and state.is_completed(), state

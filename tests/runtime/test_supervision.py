@@ -79,10 +79,10 @@ def _api_is_locked(stack: object, run_id: str) -> None:
 def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_same_flow_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
+    from elasticflow_block.prefect_client import sync_client
     from scheduler_service.stack.local import free_port, local_stack, stack_env, wait_healthy
     from scheduler_service.store import save_curve
 
@@ -136,12 +136,12 @@ def test_a_killed_worker_and_server_are_restarted_and_the_run_completes_in_the_s
 
             def final() -> object:
                 stack.supervise()
-                with get_client(sync_client=True) as client:
+                with sync_client() as client:
                     state = client.read_flow_run(run.id).state
                 return state if state is not None and state.is_final() else None
 
             state = wait_until(final, 400, "the run to finish")
-            with get_client(sync_client=True) as client:
+            with sync_client() as client:
                 ended = client.read_flow_run(run.id)
             assert state.is_completed(), (state, worker_log.read_text()[-3000:])
             assert ended.run_count == 1  # the same flow run, never restarted

@@ -25,9 +25,9 @@ def _events(flow_run_id: str, timeout_s: float = 20.0) -> list[dict]:
 
 
 def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
 
+    from elasticflow_block.prefect_client import sync_client
     from flows.train import train
     from flows.training.control import FileControlChannel
     from flows.training.launch.spec import LaunchSpec
@@ -52,7 +52,7 @@ def test_train_flow_runs_resizes_and_reports(prefect_api: str, tmp_path: Path, m
     flow_run_id = str(state.state_details.flow_run_id)
     assert result.run_key == flow_run_id  # checkpoints and control are keyed by flow run
 
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         run = client.read_flow_run(uuid.UUID(flow_run_id))
         # Task runs reach the server as events, ingested asynchronously: wait for both.
         deadline = time.time() + 30
@@ -115,9 +115,9 @@ def test_a_store_that_takes_no_save_fails_the_run_with_the_path_in_its_prefect_l
     stops root too) ends the run Failed after three, with the folder named in
     the run's Prefect logs; the segment's task is Failed, and the outcome the
     service reports for it is `failed`, never `met`."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 
+    from elasticflow_block.prefect_client import sync_client
     from flows.train import train
     from scheduler_service.contracts import Outcome, outcome_of
     from tests.stack import wait_until
@@ -132,7 +132,7 @@ def test_a_store_that_takes_no_save_fails_the_run_with_the_path_in_its_prefect_l
     assert outcome_of(state.type.value, 400, 400, time.time() + 3600, time.time()) is Outcome.FAILED
 
     def logs() -> list[str] | None:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             found = [log.message for log in client.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])))]
         return found if any("training goes on where it is" in m for m in found) else None
@@ -141,7 +141,7 @@ def test_a_store_that_takes_no_save_fails_the_run_with_the_path_in_its_prefect_l
     assert any(f"checkpoint save to {store}/{run_id} failed" in m for m in messages), messages
 
     def failed_tasks() -> list | None:  # task runs reach the server as events, ingested asynchronously
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             tasks = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)])))
         return tasks if tasks and all(t.state is not None and t.state.is_final() for t in tasks) else None
@@ -155,7 +155,7 @@ def test_training_that_fails_while_the_stack_stops_under_it_pauses(
     """Chaos on Ray: three admitted runs ended failed at iteration 0 after a stop of `up`, which
     tears its local Ray cluster down (a run joining it then cannot). Failing while the stack stops
     is the stop's doing: the run pauses, to go on at the next start, as a SIGTERM then does."""
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
     from prefect.exceptions import Pause
 
@@ -176,7 +176,7 @@ def test_training_that_fails_while_the_stack_stops_under_it_pauses(
     mark_stopping(home)
     with pytest.raises(Pause):  # in this process, the engine hands the pause back to its caller
         train_module.train(**run)
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         state = client.read_flow_run(keys[-1]).state  # type: ignore[arg-type]
     assert state is not None and state.is_scheduled() and state.name == "Resuming", state
     clear_stopping(home)  # the same failure with no stop under way is the run's own

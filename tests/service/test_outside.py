@@ -24,15 +24,15 @@ def _iteration(status: Path) -> int:
 def test_a_completed_state_forced_through_the_api_stops_the_ranks_and_frees_the_gpus(stack: Stack) -> None:
     """Issue 43: a `Completed` state set through the API was ignored: the
     store said running and the ranks kept training on their GPUs."""
-    from prefect.client.orchestration import get_client
     from prefect.states import Completed
 
+    from elasticflow_block.prefect_client import sync_client
     from scheduler_service.worker.cancellation import is_flow_process, process_id
 
     run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
     status = stack.home / "control" / run_id / "status.json"
     stack.wait_until(lambda: _iteration(status) > 5, 400, "the run to train")  # a loaded machine starts slowly
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         client.set_flow_run_state(run_id, Completed(message="done, says an operator"), force=True)  # type: ignore[arg-type]
         pid = process_id(client.read_flow_run(run_id).infrastructure_pid)  # type: ignore[arg-type]
     stack.wait_until(lambda: _allocations(stack, run_id)[-1] == ("release", ""), 180, "the release")

@@ -32,9 +32,9 @@ def _teams_shown() -> bool:
 
 def test_a_borrowed_slot_is_given_back_when_its_team_needs_it_and_both_meet_their_deadlines(
         stack: Stack, tmp_path: Path) -> None:
-    from prefect.client.orchestration import get_client
+    from elasticflow_block.prefect_client import sync_client
 
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         for queue in ("vision", "speech"):
             try:
                 client.create_work_queue(name=queue, work_pool_name=POOL)

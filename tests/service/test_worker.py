@@ -69,10 +69,11 @@ def test_best_effort_runs_wait_for_spare_gpus_and_a_cancelled_one_gives_its_plac
 
     stack.wait_until(lambda: waited(dropped), 60, f"{dropped} to wait for GPUs")
 
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelled
 
-    with get_client(sync_client=True) as client:
+    from elasticflow_block.prefect_client import sync_client
+
+    with sync_client() as client:
         client.set_flow_run_state(dropped, Cancelled(message="changed my mind"), force=True)  # type: ignore[arg-type]
     stack.wait_until(lambda: waited(patient), 60, f"{patient} to wait for GPUs")
     assert stack.flow_run(patient).labels["elasticflow.mss"] == "best-effort"
@@ -104,11 +105,12 @@ def test_a_run_cancelled_before_its_process_starts_ends_cancelled_and_frees_its_
     """Cancelled between the worker's Pending and its launch (a pipeline step
     timing out as its run starts): nothing is started, and the run does not stay
     Cancelling for ever, as Prefect's worker leaves it without `enable_cancellation`."""
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
+    from elasticflow_block.prefect_client import sync_client
+
     run_id = stack.submit(iterations=20000, deadline="+60m", checkpoint_interval=5000)
-    with get_client(sync_client=True) as client:
+    with sync_client() as client:
         deadline = time.time() + 180  # profiling first, on a loaded machine
         while (state := client.read_flow_run(run_id).state).is_scheduled() and time.time() < deadline:  # type: ignore[arg-type, union-attr]
             time.sleep(0.05)

@@ -133,11 +133,12 @@ def _cluster_artifact(stack: Stack, run: Any) -> str:
     """The cluster view the worker keeps current: one keyed markdown artifact,
     created once and then updated in place (an update adds no version). Waits
     for the version that lists the admitted run as finished."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    from elasticflow_block.prefect_client import sync_client
+
     def published() -> str | None:
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[CLUSTER_KEY])))
         for artifact in found:
             if short_name(run.name) in str(artifact.data) and "met" in str(artifact.data):
@@ -168,10 +169,11 @@ def runs(ui_stack: UiStack) -> Runs:
     resized = shrink.first
 
     def idle_view() -> bool:  # the worker rewrites the view once it has seen both processes exit
-        from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-        with get_client(sync_client=True) as client:
+        from elasticflow_block.prefect_client import sync_client
+
+        with sync_client() as client:
             found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[CLUSTER_KEY])))
         return any("0/2 GPUs busy" in str(a.data) for a in found)
 
@@ -186,11 +188,12 @@ def _log_head(run_id: str, last: str, lines: int = 15) -> list[str] | None:
     outcome is told in the background, after the final state)."""
     import uuid
 
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
-    with get_client(sync_client=True) as client:
+    from elasticflow_block.prefect_client import sync_client
+
+    with sync_client() as client:
         found = [log.message for log in client.read_logs(
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])),
             sort=LogSort.TIMESTAMP_ASC, limit=200)]

@@ -206,10 +206,11 @@ class PrefectProgress(ProgressTracker):
     def _state(self, name: str, message: str) -> bool:
         from uuid import UUID
 
-        from prefect.client.orchestration import get_client
         from prefect.states import Running
 
-        with get_client(sync_client=True) as client:
+        from elasticflow_block.prefect_client import sync_client
+
+        with sync_client() as client:
             client.set_flow_run_state(UUID(self.flow_run_id), Running(name=name, message=message))
         return True
 
@@ -242,7 +243,7 @@ class PrefectProgress(ProgressTracker):
     def _labels(self, snap: ProgressSnapshot) -> None:
         from uuid import UUID
 
-        from prefect.client.orchestration import get_client
+        from elasticflow_block.prefect_client import sync_client
 
         labels: dict[Label, str] = {
             Label.ITERATION: str(snap.iteration),
@@ -255,7 +256,7 @@ class PrefectProgress(ProgressTracker):
             labels[Label.PROJECTED_FINISH] = snap.projected_finish.isoformat()
         if snap.on_track is not None:
             labels[Label.ON_TRACK] = str(snap.on_track).lower()
-        with get_client(sync_client=True) as client:
+        with sync_client() as client:
             client.update_flow_run_labels(UUID(self.flow_run_id), {k.value: v for k, v in labels.items()})
 
     def _event(self, snap: ProgressSnapshot, event: str, extra: dict[str, object] | None) -> None:

@@ -77,6 +77,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.guaranteed: set[str] = set()  # those whose plan meets the deadline
         self.by_deadline: list[tuple[float, str]] = []  # (deadline, id) of admitted deadline jobs, sorted
         self.moved: set[str] = set()  # guaranteed jobs the last placement moved, or brought back from a grant
+        self.on_grants: set[str] = set()  # jobs the last step gave more than their plan
         self._refreshed: int | None = None  # the last slot whose plans strategies.refresh renewed
 
     # -- the one entry point -------------------------------------------------
@@ -98,6 +99,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
                 self.levels.pop(job.job_id, None)
         alloc = self._allocate(slot, status)
         placement = self._place(slot, alloc, status)  # may give grants back: before anything reads alloc
+        self.on_grants = {j for j, gpus in alloc.items() if j in self.plans and gpus > self.plans[j].gpus_at(slot)}
         wake = self._next_rise(slot, alloc)
         return self.reply(request, decisions, alloc, self.jobs,
                           wake_at=None if wake is None else wake * self.clock.interval, placement=placement)
@@ -441,9 +443,8 @@ class ElasticFlowPolicy(SchedulingPolicy):
         on it made it miss. (Asking a grant to leave that slack instead cost
         0.05 of the deadline ratio under noise: jobs behind their plan no
         longer got the spare GPUs.)"""
-        return {j for j in self.guaranteed
-                if 0 < alloc.get(j, 0) == self.plans[j].gpus_at(slot) < status[j].gpus
-                and self.plans[j].gpus_at(slot - 1) < status[j].gpus}
+        return {j for j in self.on_grants & self.guaranteed
+                if 0 < alloc.get(j, 0) == self.plans[j].gpus_at(slot) < status[j].gpus}
 
     def _allocate(self, slot: int, status: Mapping[str, JobStatus]) -> dict[str, int]:
         alloc = {job_id: plan.gpus_at(slot) for job_id, plan in self.plans.items()}

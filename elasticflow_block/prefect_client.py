@@ -32,7 +32,7 @@ def _tls(cert_file: str | None, insecure: bool) -> ssl.SSLContext:
 
 
 def sync_client() -> Any:
-    """`sync_client()`, on the process's TLS context for the current settings."""
+    """`get_client(sync_client=True)`, on the process's TLS context for the current settings."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
 

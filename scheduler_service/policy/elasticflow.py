@@ -15,7 +15,7 @@ Policies composed of several (teams.py) ask it through four small hooks
 (`can_widen`, `unclaimed_for`, `cannot_move`, `were_moved`) that read its plans: they stay in
 this module, with the state they read, rather than splitting it.
 
-One module of about 470 lines for that reason: admission, the restoring of
+One module of about 485 lines for that reason: admission, the restoring of
 allowances, allocation (which jobs keep their width, including those whose
 deadline lapsed, and who grows) and placement each read and change the same
 plans, timeline and guaranteed set, and the invariant above is about all of
@@ -77,7 +77,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         self.guaranteed: set[str] = set()  # those whose plan meets the deadline
         self.by_deadline: list[tuple[float, str]] = []  # (deadline, id) of admitted deadline jobs, sorted
         self.moved: set[str] = set()  # guaranteed jobs the last placement moved, or brought back from a grant
-        self.on_grants: set[str] = set()  # jobs the last step gave more than their plan
+        self._on_grants: set[str] = set()  # jobs the last step gave more than their plan
         self._refreshed: int | None = None  # the last slot whose plans strategies.refresh renewed
 
     # -- the one entry point -------------------------------------------------
@@ -99,7 +99,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
                 self.levels.pop(job.job_id, None)
         alloc = self._allocate(slot, status)
         placement = self._place(slot, alloc, status)  # may give grants back: before anything reads alloc
-        self.on_grants = {j for j, gpus in alloc.items() if j in self.plans and gpus > self.plans[j].gpus_at(slot)}
+        self._on_grants = {j for j, gpus in alloc.items() if j in self.plans and gpus > self.plans[j].gpus_at(slot)}
         wake = self._next_rise(slot, alloc)
         return self.reply(request, decisions, alloc, self.jobs,
                           wake_at=None if wake is None else wake * self.clock.interval, placement=placement)
@@ -443,7 +443,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
         on it made it miss. (Asking a grant to leave that slack instead cost
         0.05 of the deadline ratio under noise: jobs behind their plan no
         longer got the spare GPUs.)"""
-        return {j for j in self.on_grants & self.guaranteed
+        return {j for j in self._on_grants & self.guaranteed
                 if 0 < alloc.get(j, 0) == self.plans[j].gpus_at(slot) < status[j].gpus}
 
     def _allocate(self, slot: int, status: Mapping[str, JobStatus]) -> dict[str, int]:

@@ -44,7 +44,9 @@ CASES = ([(f"reference/traces/{t}", c, "A100", 60.0) for t, c in
           [("dev101", "n16g8"), ("dev102", "n8g8"), ("dev103", "n4g8"), ("dev104", "n8g8"), ("dev105", "n8g8"),
            ("dev106", "n8g8")]]
          + [("traces/philly_103959", "n32g8", "A100", 60.0), ("traces/elasticVpollux_e", "n16g4", "T4", 60.0),
-            ("traces/100jobs_1500lam", "n16g8", "A100", 240.0), ("traces/1000job_1500lam", "n8g8", "A100", 240.0)])
+            ("traces/100jobs_1500lam", "n16g8", "A100", 240.0), ("traces/1000job_1500lam", "n8g8", "A100", 240.0)]
+         # Alibaba's production trace (data/reference/README.md), at the size where the default trails the authors
+         + [("reference/traces/openb126", "n2g8", "A100", 60.0)])
 ITP = [(f"traces/itp/cluster{i:02d}", "n16g8", "A100", 60.0) for i in range(1, 11)]
 
 

@@ -10,6 +10,10 @@ price of online admission with capacities (Awerbuch, Azar and Plotkin; the
 online-knapsack threshold of Zhou, Chakrabarty and Lukose has the same
 shape). Every job is worth the same (one met deadline), so it is admitted
 when its plan's price, in seconds of the whole cluster, is at most `budget`.
+That price is sound for requests small beside the capacity (about 1/ln(mu)
+of it, a fifth here); a wider run pays for its GPUs at the prices they reach
+as it takes them, so that one job holding the whole of an idle cluster for
+days is not free.
 On a lightly loaded cluster prices are near zero and it admits what the
 paper's policy admits; decisions stay immediate and admitted jobs keep their
 guarantee (only the admission test is stricter).
@@ -17,6 +21,7 @@ guarantee (only the admission test is stricter).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from scheduler_service.policy.admission import Candidate, earliest_deadline, placeable_throughout
@@ -33,14 +38,31 @@ SEARCH_STEPS = 8
 
 
 def plan_price(plan: Plan, others: Timeline, slot: int, interval: float, mu: float) -> float:
-    """Seconds of the whole cluster the plan costs at the current prices."""
+    """Seconds of the whole cluster the plan costs at the current prices.
+
+    A run of at most 1/ln(mu) of the cluster pays its slot's price as the
+    slot is, Awerbuch, Azar and Plotkin's price, whose analysis holds for
+    requests that small. A wider one pays the integral of the price over
+    the share it takes: priced at the slot as it was, a 16-GPU job on an
+    idle 16-GPU cluster cost nothing, and on Alibaba's openb126 such a job
+    held the whole cluster for 46 hours while 19 later jobs were turned away."""
     cap = others.capacity
+    small = cap / math.log(mu)
     cost = 0.0
     for run in plan.runs:
         for a, b, free in others.forward(max(run.start, slot), run.end):
             used = 1.0 - free / cap
-            cost += run.gpus * (b - a) * (mu ** used - 1.0) / (mu - 1.0)
+            if run.gpus <= small:
+                cost += run.gpus * (b - a) * (mu ** used - 1.0) / (mu - 1.0)
+            else:
+                taken = min(1.0, used + run.gpus / cap)
+                cost += cap * (b - a) * (_price_integral(taken, mu) - _price_integral(used, mu))
     return cost * interval / cap
+
+
+def _price_integral(u: float, mu: float) -> float:
+    """The integral of p(x) = (mu^x - 1) / (mu - 1) from 0 to u."""
+    return ((mu ** u - 1.0) / math.log(mu) - u) / (mu - 1.0)
 
 
 class ElasticFlowOverload(ElasticFlowPolicy):
@@ -53,15 +75,15 @@ class ElasticFlowOverload(ElasticFlowPolicy):
         super().__init__(topology, interval, overhead, strategies=strategies)
 
     def _refuse(self, cand: Candidate, plan: Plan, others: Timeline, slot: int) -> Decision | None:
-        price = plan_price(plan, others, slot, self.clock.interval, self.mu)
-        if price <= self.budget_s:
+        if plan_price(plan, others, slot, self.clock.interval, self.mu) <= self.budget_s:
             return None
         busy = 1.0 - _mean_free(plan, others, slot)
+        peak = max((run.gpus for run in plan.runs), default=0)
         return self._reject(
             cand.job, RejectionReason.WINDOW_IN_DEMAND,
-            f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} GPU-hours "
-            f"in slots already {busy:.0%} reserved, more than one job is worth while the cluster is this busy; "
-            "a later deadline spreads it over emptier slots",
+            f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} GPU-hours, "
+            f"up to {peak} of the {others.capacity} GPUs, in slots already {busy:.0%} reserved: more than one job "
+            "is worth at these prices; a later deadline spreads it thinner over more slots",
             self._earliest(cand, slot),
         )
 

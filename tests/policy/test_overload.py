@@ -139,11 +139,32 @@ def test_an_admitted_job_is_never_displaced(seed, load, budget):
 def test_a_job_turned_away_for_capacity_is_told_a_deadline_the_price_also_accepts():
     """Its earliest feasible deadline must pass this policy's price too, or a
     user who resubmits with it would be turned away again."""
-    jobs = [Job("a", 0.0, 8 * 0.99 * 10 * HOUR, 10 * HOUR, LINEAR)]  # the whole cluster for 10 hours
-    late = Job("late", 0.0, 2 * HOUR, 2 * HOUR, LINEAR)
+    jobs = [Job("a", 0.0, 8 * 0.99 * 600, 600, LINEAR)]  # the whole cluster for 10 minutes
+    late = Job("late", 0.0, 8 * 300, 600, LINEAR)  # 5 minutes of it, due with it
     policy = make_policy("elasticflow-overload", Topology(1, 1, 8), 60.0, overhead=NO_OVERHEAD)
     decision = policy.schedule(SchedulingRequest(0.0, jobs + [late])).decisions[-1]
     assert decision.reason is RejectionReason.INSUFFICIENT_CAPACITY
     retry = Job("retry", 0.0, late.iterations, decision.earliest_feasible_deadline, LINEAR)
     status = {j.job_id: JobStatus(j.iterations) for j in jobs}
     assert policy.schedule(SchedulingRequest(0.0, [retry], status=status)).decisions[0].admitted
+
+
+def test_a_job_that_would_hold_the_whole_idle_cluster_for_days_pays_for_what_it_takes():
+    """A run wide beside the cluster pays for its GPUs at the prices they
+    reach as it takes them, not at the price of the slot before it came: on
+    an idle cluster the old price of one job reserving all 16 GPUs for 40
+    hours was 0 (on Alibaba's openb126 such a job held a 16-GPU cluster for
+    46 hours while 19 later jobs were turned away). A narrow job as long
+    stays free on an idle cluster."""
+    topo, curve = Topology(1, 2, 8), ThroughputCurve({g: float(g) for g in (1, 2, 4, 8, 16)})
+    giant = Job("giant", 0.0, 16 * 0.97 * 40 * HOUR, 40 * HOUR, curve)
+    policy = make_policy("elasticflow-overload", topo, 60.0, overhead=NO_OVERHEAD)
+    decision = policy.schedule(SchedulingRequest(0.0, [giant])).decisions[0]
+    assert not decision.admitted and decision.reason is RejectionReason.WINDOW_IN_DEMAND
+    assert "up to 16 of the 16 GPUs, in slots already 0% reserved" in decision.message
+    assert decision.earliest_feasible_deadline > 40 * HOUR
+
+    narrow = Job("narrow", 0.0, 0.97 * 40 * HOUR, 40 * HOUR, ThroughputCurve({1: 1.0}))
+    policy = make_policy("elasticflow-overload", topo, 60.0, overhead=NO_OVERHEAD)
+    assert policy.schedule(SchedulingRequest(0.0, [narrow])).decisions[0].admitted
+

@@ -150,7 +150,7 @@ def test_a_job_turned_away_for_capacity_is_told_a_deadline_the_price_also_accept
 
 
 def test_a_job_that_would_hold_the_whole_idle_cluster_for_days_pays_for_what_it_takes():
-    """A run wide beside the cluster pays for its GPUs at the prices they
+    """A run over half the cluster pays for its GPUs at the prices they
     reach as it takes them, not at the price of the slot before it came: on
     an idle cluster the old price of one job reserving all 16 GPUs for 40
     hours was 0 (on Alibaba's openb126 such a job held a 16-GPU cluster for
@@ -167,4 +167,3 @@ def test_a_job_that_would_hold_the_whole_idle_cluster_for_days_pays_for_what_it_
     narrow = Job("narrow", 0.0, 0.97 * 40 * HOUR, 40 * HOUR, ThroughputCurve({1: 1.0}))
     policy = make_policy("elasticflow-overload", topo, 60.0, overhead=NO_OVERHEAD)
     assert policy.schedule(SchedulingRequest(0.0, [narrow])).decisions[0].admitted
-

@@ -251,8 +251,8 @@ def print_targets(rows: list[dict], names: list[str]) -> None:
     for row in rows:
         ef = row[label("elasticflow", "service")]
         ok = ef["ratio"] >= row["reference"] - 1e-9 and ef["admitted_missed"] == 0
-        print(f"  {row['trace']} {row['cluster']}: elasticflow {ef['ratio']:.3f} >= reference {row['reference']:.3f} with 0 admitted "
-              f"misses: {'yes' if ok else 'NO'}")
+        print(f"  {row['trace']} {row['cluster']}: elasticflow {ef['ratio']:.3f} >= reference "
+              f"{row['reference']:.3f} with 0 admitted misses: {'yes' if ok else 'NO'}")
     overload = label("elasticflow-overload", "service")
     if overload not in names:
         print("  elasticflow-overload is not in this sweep (not registered, or not asked for): its targets are not checked")

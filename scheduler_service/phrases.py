@@ -49,8 +49,8 @@ def refusal(reason: RejectionReason, earliest: datetime | None, beyond_any_date:
         case RejectionReason.INSUFFICIENT_CAPACITY:
             first = f"The GPUs this run needs before its deadline are promised to runs admitted earlier, and {due}."
         case RejectionReason.WINDOW_IN_DEMAND:
-            first = ("This run could be guaranteed, but only by holding more of the cluster, for longer, than one "
-                     f"run is worth while its window is this busy, and {due}.")
+            first = ("This run could be guaranteed, but its plan would hold more of the cluster, for longer, than "
+                     f"one run is worth now, and {due}.")
         case RejectionReason.DEADLINE_PASSED:
             first = f"Its deadline ({moment(deadline)}) had already passed when it was decided."
         case RejectionReason.SOONER_THAN_START_UP:

@@ -84,9 +84,9 @@ class ElasticFlowOverload(ElasticFlowPolicy):
         peak = max((run.gpus for run in plan.runs), default=0)
         return self._reject(
             cand.job, RejectionReason.WINDOW_IN_DEMAND,
-            f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} GPU-hours, "
-            f"up to {peak} of the {others.capacity} GPUs, in slots already {busy:.0%} reserved: more than one job "
-            "is worth at these prices; a later deadline spreads it thinner over more slots",
+            f"it could be guaranteed, but its plan would hold {plan_gpu_hours(plan, self.clock.interval):.1f} "
+            f"GPU-hours, up to {peak} of the {others.capacity} GPUs, in slots already {busy:.0%} reserved: more "
+            "than one job is worth at these prices; a later deadline spreads it thinner over more slots",
             self._earliest(cand, slot),
         )
 

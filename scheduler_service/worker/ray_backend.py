@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from flows.training.launch.spec import LaunchSpec
 from flows.training.ray_nodes import (
@@ -42,14 +44,17 @@ DEFAULT_KIND = "unnamed"  # nodes that name no kind, beside some that do
 class RayBackend:
     name = "ray"
 
-    def __init__(self, address: str, warm_start: bool = True, refresh_s: float = 1.0) -> None:
+    def __init__(self, address: str, warm_start: bool = True, refresh_s: float = 1.0,
+                 node_table: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.address = address
+        self.node_table = node_table or _ray_nodes  # Ray's table of nodes, alive and dead
         self.refresh_s = refresh_s
         self.flows = FlowProcesses(warm_start)
         self.order: list[str] = []  # node ids, first seen first
         self.told: dict[str, str] = {}  # node name -> why it is left out, said once
         self._checked = 0.0
         self._cluster: Cluster | None = None
+        self._empty_since: float | None = None  # since when a look found no usable node
         try:
             connect(address)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -58,14 +63,24 @@ class RayBackend:
 
     # -- the cluster -----------------------------------------------------------
     def cluster(self) -> Cluster:
-        """The usable nodes now, as the service's cluster."""
-        import ray
+        """The usable nodes now, as the service's cluster: at start, when none
+        is usable there is nothing to serve with."""
+        seen = self.read(self.node_table())
+        if seen is None:
+            raise RuntimeError(f"the Ray cluster at {self.address} has no usable node (see the lines above); start "
+                               "GPU nodes, or CPU nodes with --resources '{\"elasticflow_slots\": N}' (docs/ray.md)")
+        return seen
 
-        nodes, excluded = read_nodes(ray.nodes())
+    def read(self, raw: list[dict[str, Any]]) -> Cluster | None:
+        """The cluster that Ray's node table `raw` describes; None when no node
+        in it is usable (the last cluster read stays)."""
+        nodes, excluded = read_nodes(raw)
         for node in excluded:
             if self.told.get(node.name) != node.reason:
                 log.warning("Ray node %s left out of the cluster: %s", node.name, node.reason)
                 self.told[node.name] = node.reason
+        if not nodes:
+            return None
         known = {n.node_id: n for n in nodes}
         self.order = [i for i in self.order if i in known] + sorted(
             (i for i in known if i not in self.order), key=lambda i: (known[i].name, i))
@@ -75,12 +90,27 @@ class RayBackend:
 
     def changed(self, now: float) -> Cluster | None:
         """The cluster, when its usable nodes differ from the last look (at
-        most every `refresh_s`)."""
+        most every `refresh_s`).
+
+        A look that finds no usable node (the last one lost, its replacement
+        not yet up) changes nothing: a service has no cluster of no GPUs to
+        plan on, and the runs on nodes that are gone fail and restart where
+        the next node that comes up puts them."""
         if now - self._checked < self.refresh_s or self._cluster is None:
             return None
         self._checked = now
         before = self._cluster
-        after = self.cluster()
+        after = self.read(self.node_table())
+        if after is None:
+            if self._empty_since is None:
+                self._empty_since = now
+                log.warning("the Ray cluster at %s has no usable node now; planning stays on its last nodes (%s) "
+                            "until one is back", self.address, ", ".join(before.nodes))
+            return None
+        if self._empty_since is not None:
+            log.warning("the Ray cluster at %s has a usable node again, after %.0f s without", self.address,
+                        now - self._empty_since)
+            self._empty_since = None
         return after if after.slots != before.slots or after.left_out != before.left_out else None
 
     # -- runs ------------------------------------------------------------------
@@ -143,10 +173,13 @@ class RayBackend:
         return len(names)
 
 
+def _ray_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return list(ray.nodes())
+
+
 def _as_cluster(nodes: list[RayNode], address: str, left_out: tuple[tuple[str, str], ...] = ()) -> Cluster:
-    if not nodes:
-        raise RuntimeError(f"the Ray cluster at {address} has no usable node (see the lines above); start GPU "
-                           "nodes, or CPU nodes with --resources '{\"elasticflow_slots\": N}' (docs/ray.md)")
     kinds = list(dict.fromkeys(n.kind for n in nodes))  # `nodes` are kind-major
     topology: AnyTopology
     if len(kinds) == 1:

@@ -167,3 +167,26 @@ def test_a_node_that_does_not_start_leaves_the_local_cluster_serving(capsys) -> 
     serving.join(timeout=10)
     assert not serving.is_alive() and cluster.nodes == ["head", "ray-node-1", "ray-node-2"]
     assert "a new node did not start (The current node timed out during startup.)" in capsys.readouterr().out
+
+
+def test_a_look_that_finds_no_usable_node_keeps_the_last_cluster_until_one_is_back(monkeypatch, caplog) -> None:
+    """The last node lost and its replacement not up yet (CI: one host killed,
+    the other cut off): the worker once died here, on a cluster of no GPUs."""
+    from scheduler_service.worker import ray_backend
+
+    monkeypatch.setattr(ray_backend, "connect", lambda address: None)
+    table = [node("n1", slots=2, alive=False), node("n2", slots=2)]
+    backend = ray_backend.RayBackend("10.0.0.1:6379", warm_start=False, node_table=lambda: table)
+    first = backend.cluster()
+    assert first.nodes == ("n2",)
+    table = [node("n1", slots=2, alive=False), node("n2", slots=2, alive=False)]
+    assert backend.changed(10.0) is None and backend.changed(20.0) is None
+    assert [r.getMessage().split(";")[0] for r in caplog.records].count(
+        "the Ray cluster at 10.0.0.1:6379 has no usable node now") == 1  # said once per outage
+    table = [node("n1-again", slots=2), node("n2", slots=2, alive=False)]
+    back = backend.changed(30.0)
+    assert back is not None and back.nodes == ("n1-again",)
+    assert follow(first, back).describe().startswith("lost n2; joined n1-again")  # what the worker then says
+    assert "after 20 s without" in caplog.text
+    with pytest.raises(RuntimeError, match="no usable node"):  # at start there is nothing to serve with
+        ray_backend.RayBackend("10.0.0.1:6379", warm_start=False, node_table=lambda: []).cluster()

@@ -412,9 +412,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
                                           restarts)
 
         pinned, fragile = self.strategies.tiers.split(cannot_afford)
+        growing = self._growth_blocks(slot)
         while True:
             before = self.placer.snapshot()
-            placement = self.placer.place(alloc, pinned, fragile)
+            placement = self.placer.place(alloc, pinned, fragile, growing)
             self.moved = (placement.moved & self.guaranteed) | self._grants_ended(slot, alloc, status)
             if not placement.moved & pinned:
                 return placement
@@ -432,6 +433,20 @@ class ElasticFlowPolicy(SchedulingPolicy):
             # New grants go back first, then extras a job already held; largest first.
             job_id = max(grants, key=lambda j: (alloc[j] != status[j].gpus, alloc[j] - base[j], j))
             alloc[job_id] = base[job_id]
+
+    def _growth_blocks(self, slot: int) -> dict[str, tuple[int, int]]:
+        """For each placed guaranteed job whose plan grows later, the aligned
+        block it will grow into around where it is: a job put there now would
+        be moved when it grows."""
+        growing = {}
+        for job_id, (start, size) in self.placer.blocks.items():
+            plan = self.plans.get(job_id)
+            if job_id not in self.guaranteed or plan is None:
+                continue
+            wider = max((r.gpus for r in plan.future(slot + 1)), default=0)
+            if wider > size:
+                growing[job_id] = (start - start % wider, wider)
+        return growing
 
     def _grants_ended(self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus]) -> set[str]:
         """Guaranteed jobs brought back to their plan's width from spare GPUs

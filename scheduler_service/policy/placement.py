@@ -54,10 +54,11 @@ class BuddyAllocator:
         """Allocate an aligned block; lowest address among the smallest fitting
         free blocks, outside every block of `avoid` if any such block is free."""
         if avoid:
-            clear = sorted((have, sub) for have, starts in self._free.items() if have >= size for base in starts
-                           for sub in range(base, base + have, size) if not _overlaps((sub, size), avoid))
-            if clear:
-                start = clear[0][1]
+            free = sorted((have, base) for have, starts in self._free.items() if have >= size for base in starts)
+            clear = (sub for have, base in free for sub in range(base, base + have, size)
+                     if not _overlaps((sub, size), avoid))
+            start = next(clear, None)
+            if start is not None:
                 self.take_at(start, size)
                 return start
         candidates = [s for s, starts in self._free.items() if s >= size and starts]

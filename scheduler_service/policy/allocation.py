@@ -192,6 +192,22 @@ def cannot_afford_restarts(
     return pinned
 
 
+def growth_blocks(blocks: Mapping[str, tuple[int, int]], plans: Mapping[str, Plan], guaranteed: Collection[str],
+                  slot: int) -> dict[str, tuple[int, int]]:
+    """For each placed guaranteed job whose plan grows later, the aligned
+    block it will grow into around where it is: a job put there now would be
+    moved when it grows (placement keeps newcomers out of it, BuddyPlacer.place)."""
+    growing = {}
+    for job_id, (start, size) in blocks.items():
+        plan = plans.get(job_id)
+        if job_id not in guaranteed or plan is None:
+            continue
+        wider = max((r.gpus for r in plan.future(slot + 1)), default=0)
+        if wider > size:
+            growing[job_id] = (start - start % wider, wider)
+    return growing
+
+
 def narrower_for_now(
     alloc: Mapping[str, int], status: Mapping[str, JobStatus], levels: Mapping[str, tuple[int, ...]],
     movable: Collection[str], safe: Callable[[str, int], bool],

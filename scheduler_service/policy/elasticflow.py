@@ -11,11 +11,11 @@ the migration allowance, placement tiers, refreshes, the layout choice) are
 strategies the policy is built with (`strategies=`, strategies.py); the
 defaults are the policy as shipped.
 
-Policies composed of several (teams.py) ask it through four small hooks
-(`can_widen`, `unclaimed_for`, `cannot_move`, `were_moved`) that read its plans: they stay in
+Policies composed of several (teams.py) ask it through five small hooks
+(`can_widen`, `unclaimed_for`, `cannot_move`, `grows_into`, `were_moved`) that read its plans: they stay in
 this module, with the state they read, rather than splitting it.
 
-One module of about 485 lines for that reason: admission, the restoring of
+One module of about 500 lines for that reason: admission, the restoring of
 allowances, allocation (which jobs keep their width, including those whose
 deadline lapsed, and who grows) and placement each read and change the same
 plans, timeline and guaranteed set, and the invariant above is about all of
@@ -37,13 +37,13 @@ from scheduler_service.policy.admission import (
     Candidate, Refused, Replanned, displace, earliest_deadline, placeable_throughout, plan_all, plan_one,
 )
 from scheduler_service.policy.allocation import (
-    cannot_afford_restarts, grant_is_safe, grant_rescues, grow, keep, narrower_for_now, unclaimed_s)
+    cannot_afford_restarts, grant_is_safe, grant_rescues, grow, growth_blocks, keep, narrower_for_now, unclaimed_s)
 from scheduler_service.policy.interface import (
     Decision, RejectionReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
 from scheduler_service.policy.overhead import PAPER_OVERHEAD
-from scheduler_service.policy.placement import Placement
+from scheduler_service.policy.placement import Block, Placement
 from scheduler_service.policy.promises import Promises, promised
 from scheduler_service.policy.plan import Overhead, Plan, cover, fill
 from scheduler_service.policy.strategies import SHIPPED, ElasticFlowStrategies
@@ -391,6 +391,10 @@ class ElasticFlowPolicy(SchedulingPolicy):
         return cannot_afford_restarts(self.guaranteed, self.jobs, self.plans, alloc, status,
                                       self.clock.slot_of(now), self.clock)
 
+    def grows_into(self, blocks: Mapping[str, Block], now: float) -> dict[str, Block]:
+        """Where its guaranteed jobs, placed at `blocks`, will grow (`growth_blocks`)."""
+        return growth_blocks(blocks, self.plans, self.guaranteed, self.clock.slot_of(now))
+
     def were_moved(self, job_ids: set[str]) -> None:
         """A placement made outside this policy moved these jobs: their next
         step restores their migration allowance, as after its own moves."""
@@ -412,7 +416,7 @@ class ElasticFlowPolicy(SchedulingPolicy):
                                           restarts)
 
         pinned, fragile = self.strategies.tiers.split(cannot_afford)
-        growing = self._growth_blocks(slot)
+        growing = growth_blocks(self.placer.blocks, self.plans, self.guaranteed, slot)
         while True:
             before = self.placer.snapshot()
             placement = self.placer.place(alloc, pinned, fragile, growing)
@@ -433,20 +437,6 @@ class ElasticFlowPolicy(SchedulingPolicy):
             # New grants go back first, then extras a job already held; largest first.
             job_id = max(grants, key=lambda j: (alloc[j] != status[j].gpus, alloc[j] - base[j], j))
             alloc[job_id] = base[job_id]
-
-    def _growth_blocks(self, slot: int) -> dict[str, tuple[int, int]]:
-        """For each placed guaranteed job whose plan grows later, the aligned
-        block it will grow into around where it is: a job put there now would
-        be moved when it grows."""
-        growing = {}
-        for job_id, (start, size) in self.placer.blocks.items():
-            plan = self.plans.get(job_id)
-            if job_id not in self.guaranteed or plan is None:
-                continue
-            wider = max((r.gpus for r in plan.future(slot + 1)), default=0)
-            if wider > size:
-                growing[job_id] = (start - start % wider, wider)
-        return growing
 
     def _grants_ended(self, slot: int, alloc: Mapping[str, int], status: Mapping[str, JobStatus]) -> set[str]:
         """Guaranteed jobs brought back to their plan's width from spare GPUs

@@ -33,6 +33,7 @@ from scheduler_service.policy.interface import (
     Decision, RejectionReason, SchedulingPolicy, SchedulingReply, SchedulingRequest,
 )
 from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.placement import Block
 from scheduler_service.policy.topology import Topology
 
 
@@ -183,13 +184,16 @@ class TeamsPolicy(SchedulingPolicy):
     # -- placement -------------------------------------------------------------
     def _place(self, alloc: dict[str, int], base: Mapping[str, int], status: Mapping[str, JobStatus], now: float):
         pinned: set[str] = set()
+        growing: dict[str, Block] = {}
         for name, policy in self.inner.items():
             if isinstance(policy, ElasticFlowPolicy):
                 pinned |= policy.cannot_move({j: g for j, g in alloc.items() if self.jobs[j].team == name},
                                              status, now)
+                growing |= policy.grows_into({j: b for j, b in self.placer.blocks.items()
+                                              if j in self.jobs and self.jobs[j].team == name}, now)
         while True:
             before = self.placer.snapshot()
-            placement = self.placer.place(alloc, pinned)
+            placement = self.placer.place(alloc, pinned, growing=growing)
             lent = [j for j in alloc if alloc[j] > base.get(j, 0)]
             if not placement.moved & pinned or not lent:
                 break

@@ -33,7 +33,7 @@ from scheduler_service.contracts import (
 )
 from scheduler_service.loop.actions import Admitted, Command, GpusFreed, Rebased, RiskChanged
 from scheduler_service.loop.run import RunFacts
-from scheduler_service.worker.lanes import Lanes
+from scheduler_service.worker.lanes import Lanes, details_of
 from scheduler_service.worker.publish import Publisher
 from scheduler_service.worker.registry import ServiceRun
 from scheduler_service.worker.store import AllocationRecord, DecisionRecord, ServiceStore, StartRecord
@@ -173,7 +173,8 @@ class Reporter:
         if decision_s is not None:
             self.decision_seconds.append(decision_s)
         await self.in_background(self.publisher.rejected, run_id, rejection, lane=run_id)
-        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=run_id, later=True)
+        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=details_of(run_id),
+                                 later=True)
         log.info("rejected flow run %s: %s", run_id, text)
         try:  # also in the run's own logs, the tab its page opens on
             self.logger_for(flow_run).warning("ElasticFlow rejected this run: %s", text)
@@ -185,7 +186,7 @@ class Reporter:
         if action.replanned:  # its one decision stands, and so does its phase (a running run stays running)
             self.store.upsert_job(run.run_id, share=share)
             await self.in_background(self.publisher.labels, run.run_id, {
-                Label.MSS: share if share is not None else "best-effort"}, lane=run.run_id)
+                Label.MSS: share if share is not None else "best-effort"}, lane=details_of(run.run_id))
             return
         decision = DecisionRecord(flow_run_id=run.run_id, admitted=True, message=action.message, share=share,
                                   decision_ms=action.decision_s * 1000)
@@ -202,9 +203,10 @@ class Reporter:
         await self._waiting_state(run, StateName.ADMITTED if action.guaranteed else StateName.BEST_EFFORT, now,
                                   action.message)  # before its launch's Pending
         await self.in_background(self.publisher.labels, run.run_id, {
-            Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"}, lane=run.run_id)
+            Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"},
+            lane=details_of(run.run_id))
         await self.in_background(self._history_now, run, AllocationAction.ADMITTED, (), view,
-                                 action.guaranteed_finish, lane=run.run_id)
+                                 action.guaranteed_finish, lane=details_of(run.run_id))
 
     async def guarantee_lost(self, run: ServiceRun) -> None:
         """It carries on best-effort, and says so on its page; it is never dropped."""
@@ -212,8 +214,8 @@ class Reporter:
                 "and keeps its place")
         log.warning("flow run %s: %s", run.run_id, text)
         self.store.upsert_job(run.run_id, share=None, message=text)
-        await self.in_background(self.publisher.labels, run.run_id, {Label.MSS: "best-effort",
-                                                                     Label.GUARANTEE: "lost"}, lane=run.run_id)
+        await self.in_background(self.publisher.labels, run.run_id, {Label.MSS: "best-effort", Label.GUARANTEE: "lost"},
+                                 lane=details_of(run.run_id))
         self.publisher.event(run.run_id, EventName.GUARANTEE_LOST, {"message": text, "deadline": iso(run.deadline)})
         self.tell(run, text, warning=True)
 
@@ -230,13 +232,13 @@ class Reporter:
         action, gpus = command.kind, command.gpus
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=action.value, gpus=gpus_label(gpus)))
         if action == AllocationAction.STOP:
-            await self.in_background(self._history_now, run, action, (), view, lane=run.run_id)
+            await self.in_background(self._history_now, run, action, (), view, lane=details_of(run.run_id))
             return
         self.store.upsert_job(run.run_id, RunPhase.RUNNING, gpus=gpus_label(gpus), at_risk=at_risk)
-        await self.in_background(self._history_now, run, action, gpus, view, lane=run.run_id)
+        await self.in_background(self._history_now, run, action, gpus, view, lane=details_of(run.run_id))
         await self.in_background(self.publisher.labels, run.run_id, {
             Label.GPUS: gpus_label(gpus), Label.WORLD_SIZE: len(gpus), Label.NODES: ",".join(nodes)},
-            lane=run.run_id)
+            lane=details_of(run.run_id))
         self.publisher.event(run.run_id, EventName.ALLOCATION_CHANGED, {
             "action": action.value, "gpus": list(gpus), "world_size": len(gpus), "nodes": nodes}, nodes=nodes)
         finish = view.projected_finish if view is not None else None
@@ -250,7 +252,8 @@ class Reporter:
         """It acknowledged giving up every GPU (parked or stopped), still alive."""
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASED.value, gpus=""))
         self.store.upsert_job(run.run_id, gpus="")
-        await self.in_background(self._history_now, run, AllocationAction.RELEASED, (), view, lane=run.run_id)
+        await self.in_background(self._history_now, run, AllocationAction.RELEASED, (), view,
+                                 lane=details_of(run.run_id))
 
     async def released_for_good(self, run: ServiceRun, release: GpusFreed) -> None:
         """Its process ended (or it left before it was launched): its GPUs are
@@ -258,7 +261,7 @@ class Reporter:
         self.store.upsert_job(run.run_id, RunPhase.FINISHED, gpus="")
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.RELEASE.value, gpus=""))
         await self.in_background(self._history, run, AllocationAction.RELEASE, (), release.iteration, None,
-                                 lane=run.run_id)
+                                 lane=details_of(run.run_id))
 
     def ended(self, run: ServiceRun, release: GpusFreed, state: str | None, why: str | None,
               now: float) -> Outcome:
@@ -300,9 +303,10 @@ class Reporter:
         self.store.add(AllocationRecord(flow_run_id=run.run_id, action=AllocationAction.REBASED.value, gpus=gpus))
         self.store.upsert_job(run.run_id, gpus=gpus)
         await self.in_background(self._history_now, run, AllocationAction.REBASED, rebased.held, view,
-                                 lane=run.run_id)
+                                 lane=details_of(run.run_id))
         await self.in_background(self.publisher.labels, run.run_id, {
-            Label.GPUS: gpus, Label.WORLD_SIZE: len(rebased.held), Label.NODES: ",".join(nodes)}, lane=run.run_id)
+            Label.GPUS: gpus, Label.WORLD_SIZE: len(rebased.held), Label.NODES: ",".join(nodes)},
+            lane=details_of(run.run_id))
         if rebased.lost:
             gone = list(rebased.nodes)
             self.tell(run, f"its GPUs on {', '.join(gone) or 'a lost node'} are gone with the node; it goes on "

@@ -8,9 +8,11 @@ Pending that Prefect's launch proposes, the history artifact's rows in
 order. A lane is a first-come first-served lock per run; the launch takes
 its run's lane too, so it waits for that run's writes, and only for those.
 
-A run has two lanes: its states in one, its labels and history artifact
-(`details_of`) in the other. The launch needs its run's states written
-first, never its labels: on a slow server (every request 0.2 s slower, a
+A run has two lanes: its states and the labels of its decision (its MSS,
+admitted or rejected, a guarantee lost: what an automation on its state
+change reads) in one; the labels of where it runs and its history
+artifact's rows (`details_of`) in the other. The launch needs the first
+written, not the second: on a slow server (every request 0.2 s slower, a
 quarter answered 503 and retried with a growing back-off) a launch that
 waited for the labels and history rows of its admission and of itself
 started 7-10 s later, a third of its whole start, which the run's deadline
@@ -52,5 +54,5 @@ class Lanes:
 
 
 def details_of(run_id: str) -> str:
-    """The lane of a run's labels and history artifact, beside its states'."""
+    """The lane of a run's placement labels and history rows, beside its states'."""
     return f"{run_id}/details"

@@ -173,7 +173,7 @@ class Reporter:
         if decision_s is not None:
             self.decision_seconds.append(decision_s)
         await self.in_background(self.publisher.rejected, run_id, rejection, lane=run_id)
-        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=details_of(run_id),
+        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=run_id,
                                  later=True)
         log.info("rejected flow run %s: %s", run_id, text)
         try:  # also in the run's own logs, the tab its page opens on
@@ -186,7 +186,7 @@ class Reporter:
         if action.replanned:  # its one decision stands, and so does its phase (a running run stays running)
             self.store.upsert_job(run.run_id, share=share)
             await self.in_background(self.publisher.labels, run.run_id, {
-                Label.MSS: share if share is not None else "best-effort"}, lane=details_of(run.run_id))
+                Label.MSS: share if share is not None else "best-effort"}, lane=run.run_id)
             return
         decision = DecisionRecord(flow_run_id=run.run_id, admitted=True, message=action.message, share=share,
                                   decision_ms=action.decision_s * 1000)
@@ -204,7 +204,7 @@ class Reporter:
                                   action.message)  # before its launch's Pending
         await self.in_background(self.publisher.labels, run.run_id, {
             Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"},
-            lane=details_of(run.run_id))
+            lane=run.run_id)
         await self.in_background(self._history_now, run, AllocationAction.ADMITTED, (), view,
                                  action.guaranteed_finish, lane=details_of(run.run_id))
 
@@ -215,7 +215,7 @@ class Reporter:
         log.warning("flow run %s: %s", run.run_id, text)
         self.store.upsert_job(run.run_id, share=None, message=text)
         await self.in_background(self.publisher.labels, run.run_id, {Label.MSS: "best-effort", Label.GUARANTEE: "lost"},
-                                 lane=details_of(run.run_id))
+                                 lane=run.run_id)
         self.publisher.event(run.run_id, EventName.GUARANTEE_LOST, {"message": text, "deadline": iso(run.deadline)})
         self.tell(run, text, warning=True)
 

@@ -1,6 +1,6 @@
-"""A launch waits for its run's states, never for its labels or history rows:
-on a slow server those held a burst's launches 7-10 s, which their deadlines
-paid (docs in scheduler_service/worker/lanes.py)."""
+"""A launch waits for its run's states and decision labels, never for its
+placement labels or history rows: on a slow server those held a burst's
+launches 7-10 s, which their deadlines paid (scheduler_service/worker/lanes.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from scheduler_service.contracts import Label
 from scheduler_service.loop.actions import Admitted, Launch
 from scheduler_service.store.db import get_engine
 from scheduler_service.worker.channels import FileControlChannel
@@ -19,23 +20,25 @@ from tests.service.offline import RecordingPublisher
 
 
 class HungDetails(RecordingPublisher):
-    """Prefect answers states at once and hangs on labels and artifacts."""
+    """Prefect answers states and a decision's labels at once, and hangs on
+    placement labels and artifacts."""
 
     def __init__(self) -> None:
         super().__init__()
         self.answer = anyio.Event()
         self.details_done = 0
 
-    async def labels(self, *args: Any) -> None:
-        await self.answer.wait()
-        self.details_done += 1
+    async def labels(self, run_id: str, labels: dict[Label, Any]) -> None:
+        if Label.GPUS in labels:
+            await self.answer.wait()
+            self.details_done += 1
 
     async def history(self, run: Any, *args: Any, **kwargs: Any) -> None:
         await self.answer.wait()
         self.details_done += 1
 
 
-def test_a_launch_waits_for_its_admitted_state_and_not_for_its_labels_or_history(tmp_path: Path) -> None:
+def test_a_launch_waits_for_its_admitted_state_and_not_for_its_placement_labels_or_history(tmp_path: Path) -> None:
     store = ServiceStore(get_engine(f"sqlite:///{tmp_path / 'elasticflow.db'}"))
     publisher = HungDetails()
     run = ServiceRun("r1", "burst-1", FileControlChannel("r1", str(tmp_path / "control")), deadline=None,
@@ -63,4 +66,4 @@ def test_a_launch_waits_for_its_admitted_state_and_not_for_its_labels_or_history
     states, waited, details_before = anyio.run(main)
     assert states == ["Admitted"]  # its state went first ...
     assert details_before == 0 and waited < 1.0  # ... and the launch did not wait for the rest
-    assert publisher.details_done == 4  # labels and history rows of the admission and the launch, in the end
+    assert publisher.details_done == 3  # the history rows of the admission and the launch, its GPUs, in the end

@@ -173,8 +173,7 @@ class Reporter:
         if decision_s is not None:
             self.decision_seconds.append(decision_s)
         await self.in_background(self.publisher.rejected, run_id, rejection, lane=run_id)
-        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=run_id,
-                                 later=True)
+        await self.in_background(self.publisher.rejection_labels, run_id, rejection, lane=run_id, later=True)
         log.info("rejected flow run %s: %s", run_id, text)
         try:  # also in the run's own logs, the tab its page opens on
             self.logger_for(flow_run).warning("ElasticFlow rejected this run: %s", text)
@@ -203,8 +202,7 @@ class Reporter:
         await self._waiting_state(run, StateName.ADMITTED if action.guaranteed else StateName.BEST_EFFORT, now,
                                   action.message)  # before its launch's Pending
         await self.in_background(self.publisher.labels, run.run_id, {
-            Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"},
-            lane=run.run_id)
+            Label.MSS: share if share is not None else "best-effort", Label.ADMISSION: "admitted"}, lane=run.run_id)
         await self.in_background(self._history_now, run, AllocationAction.ADMITTED, (), view,
                                  action.guaranteed_finish, lane=details_of(run.run_id))
 
@@ -214,8 +212,8 @@ class Reporter:
                 "and keeps its place")
         log.warning("flow run %s: %s", run.run_id, text)
         self.store.upsert_job(run.run_id, share=None, message=text)
-        await self.in_background(self.publisher.labels, run.run_id, {Label.MSS: "best-effort", Label.GUARANTEE: "lost"},
-                                 lane=run.run_id)
+        await self.in_background(self.publisher.labels, run.run_id, {Label.MSS: "best-effort",
+                                                                     Label.GUARANTEE: "lost"}, lane=run.run_id)
         self.publisher.event(run.run_id, EventName.GUARANTEE_LOST, {"message": text, "deadline": iso(run.deadline)})
         self.tell(run, text, warning=True)
 

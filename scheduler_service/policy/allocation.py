@@ -21,6 +21,7 @@ import heapq
 from typing import Callable, Collection, Mapping
 
 from scheduler_service.policy.jobs import Job, JobStatus
+from scheduler_service.policy.placement import Block
 from scheduler_service.policy.plan import Plan, SlotClock, cover
 from scheduler_service.policy.timeline import Timeline
 
@@ -192,8 +193,8 @@ def cannot_afford_restarts(
     return pinned
 
 
-def growth_blocks(blocks: Mapping[str, tuple[int, int]], plans: Mapping[str, Plan], guaranteed: Collection[str],
-                  slot: int) -> dict[str, tuple[int, int]]:
+def growth_blocks(blocks: Mapping[str, Block], plans: Mapping[str, Plan], guaranteed: Collection[str],
+                  slot: int) -> dict[str, Block]:
     """For each placed guaranteed job whose plan grows later, the aligned
     block it will grow into around where it is: a job put there now would be
     moved when it grows (placement keeps newcomers out of it, BuddyPlacer.place)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -47,25 +48,32 @@ async def _submit_all(count: int, parameters: dict) -> list[str]:
         return list(await asyncio.gather(*(create(i) for i in range(count))))
 
 
-def _outcomes(stack: Stack, run_ids: set[str]) -> dict[str, str | None]:
-    """How each of `run_ids` ended, as the store says (contracts.Outcome values)."""
-    from sqlmodel import Session, select
+def _store(stack: Stack) -> Any:
+    """A session on the stack's worker store (the truth `elasticflow status` reads)."""
+    from sqlmodel import Session
 
     from scheduler_service.store.db import get_engine
+
+    return Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}"))
+
+
+def _outcomes(stack: Stack, run_ids: set[str]) -> dict[str, str | None]:
+    """How each of `run_ids` ended, as the store says (contracts.Outcome values)."""
+    from sqlmodel import select
+
     from scheduler_service.worker.store import RunRecord
 
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+    with _store(stack) as session:
         rows = session.exec(select(RunRecord).where(RunRecord.flow_run_id.in_(run_ids))).all()  # type: ignore[attr-defined]
         return {row.flow_run_id: row.outcome for row in rows}
 
 
 def _records(stack: Stack) -> tuple[list, list]:
-    from sqlmodel import Session, select
+    from sqlmodel import select
 
-    from scheduler_service.store.db import get_engine
     from scheduler_service.worker.store import AllocationRecord, DecisionRecord
 
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+    with _store(stack) as session:
         decisions = list(session.exec(select(DecisionRecord).order_by(DecisionRecord.id)).all())
         allocations = list(session.exec(select(AllocationRecord).order_by(AllocationRecord.id)).all())
     return decisions, allocations
@@ -73,12 +81,11 @@ def _records(stack: Stack) -> tuple[list, list]:
 
 def _longest_recent_start(stack: Stack) -> float:
     """The longest of the last ten starts (launch to first iteration) the worker recorded."""
-    from sqlmodel import Session, select
+    from sqlmodel import select
 
-    from scheduler_service.store.db import get_engine
     from scheduler_service.worker.store import StartRecord
 
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+    with _store(stack) as session:
         starts = session.exec(select(StartRecord).order_by(StartRecord.id.desc()).limit(10)).all()  # type: ignore[union-attr]
     return max((start.took_s for start in starts), default=0.0)
 
@@ -86,13 +93,12 @@ def _longest_recent_start(stack: Stack) -> float:
 def _timeline(stack: Stack, run_id: str) -> str:
     """What the store and the run's channel say of `run_id`, in time order:
     what a failed guarantee is read from (a CI run keeps no worker log)."""
-    from sqlmodel import Session, select
+    from sqlmodel import select
 
-    from scheduler_service.store.db import get_engine
     from scheduler_service.worker.store import RunRecord, StartRecord
 
     decisions, allocations = _records(stack)
-    with Session(get_engine(f"sqlite:///{stack.home / 'elasticflow.db'}")) as session:
+    with _store(stack) as session:
         job = session.get(RunRecord, run_id)
         starts = session.exec(select(StartRecord).where(StartRecord.flow_run_id == run_id)).all()
     lines = [f"{d.at:%H:%M:%S.%f} decided: {d.message}" for d in decisions if d.flow_run_id == run_id]
